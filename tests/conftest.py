@@ -1,0 +1,7 @@
+import os, sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+# Steadier timings on a 2-core machine (torch slows 5-30x when threads compete).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
