@@ -77,6 +77,11 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("--max-new-tokens", type=int, default=64)
     i.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     i.add_argument("--seed", type=int, default=0)
+    t = sub.add_parser("train", help="GRPO training run from a TOML/YAML config (defaults: tiny agent on the echo task)")
+    t.add_argument("config", nargs="?", help="config file (TOML or YAML); omitted: the built-in defaults")
+    t.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a setting, e.g. --set grpo.lr=1e-5")
+    t.add_argument("--resume", action="store_true", help="continue the run in run.out_dir/run.name from its latest checkpoint")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar")
     d = sub.add_parser("demo", help="the main job on embedded defaults (currently: a short two-speaker conversation)")
     d.add_argument("--model", default="smollm2")
     d.add_argument("--rounds", type=int, default=3)
@@ -98,9 +103,17 @@ def main(argv: list[str] | None = None) -> int:
                 reply = generate_chat(lm, [{"role": "user", "content": args.prompt}], max_new_tokens=args.max_new_tokens,
                                       temperature=args.temperature, seed=args.seed)
                 print(f"[{args.chat}] reply ({time.perf_counter() - t0:.2f}s): {reply}")
+        elif args.cmd == "train":
+            from scope_nb.config import load_config
+            from scope_nb.run import train
+            cfg = load_config(args.config, args.overrides)
+            if args.resume and (cfg.run_dir / "config.toml").exists():  # resume with the run's own resolved config
+                cfg = load_config(cfg.run_dir / "config.toml", args.overrides)
+            run_dir = train(cfg, resume=args.resume, progress=not args.no_progress)
+            print(f"run folder: {run_dir}")
         elif args.cmd == "demo":
             demo_conversation(args.model, rounds=args.rounds, max_new_tokens=args.max_new_tokens, seed=args.seed)
-    except ModelNotFound as e:
+    except (ModelNotFound, ValueError) as e:  # ConfigError, TemplateError: user-fixable, no traceback
         print(f"scope: error: {e}", file=sys.stderr)
         return 2
     return 0

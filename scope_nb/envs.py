@@ -11,7 +11,7 @@ import numpy as np
 from .core import Conversation, ToolCall
 
 # %% auto #0
-__all__ = ['COLOURS', 'ECHO_WORDS', 'ASK_TOPICS', 'Task', 'EnvState', 'Env', 'EchoEnv', 'AskEnv']
+__all__ = ['COLOURS', 'ECHO_WORDS', 'ASK_TOPICS', 'ENVS', 'Task', 'EnvState', 'Env', 'EchoEnv', 'AskEnv', 'make_env']
 
 # %% ../nbs/10_envs.ipynb #f24975e1
 @dataclass
@@ -38,10 +38,14 @@ class Env:
     "Base environment: subclasses implement `tasks`, `reset`, `_apply` and `reward`."
     name: str = "env"
     max_turns: int = 10
+    vocab: tuple[str, ...] | None = None  # a word vocabulary, for environments that tiny word-level policies can play
 
     def tasks(self, split: str = "train") -> list[Task]: raise NotImplementedError
     def reset(self, task: Task) -> EnvState: raise NotImplementedError
     def reward(self, state: EnvState) -> dict[str, float]: raise NotImplementedError
+    def tools(self, state: EnvState, role: str) -> list[dict] | None:
+        "OpenAI function schemas `role` may call in this state (None: no tools)."
+        return None
     def _apply(self, state: EnvState, speaker: str, content: str | None, tool_calls: list[ToolCall]) -> None:
         "Record the reply and set `state.next`; may end the episode with `state.next = None`."
         raise NotImplementedError
@@ -70,6 +74,7 @@ ECHO_WORDS = COLOURS + ("echo", "say", "hi", "ok", "please", "yes", "no", "bye")
 class EchoEnv(Env):
     "Repeat the colour the user just named; reward = fraction of echoed turns."
     name = "echo"
+    vocab = ECHO_WORDS  # word vocabulary for tiny policies
 
     def __init__(self, max_turns: int = 3, n_tasks: int = 64, seed: int = 0):
         self.max_turns = max_turns
@@ -123,3 +128,11 @@ class AskEnv(Env):
     def reward(self, state):
         said_yes = any(t.speaker == "user" and re.search(r"\byes\b", t.message.content or "", re.I) for t in state.conversation.turns)
         return {"agent": float(said_yes), "user": 1.0 - float(said_yes)}
+
+# %% ../nbs/10_envs.ipynb #e0ad7a4c
+ENVS = {"echo": EchoEnv, "ask": AskEnv}
+
+def make_env(name: str, max_turns: int | None = None) -> Env:
+    "Build environment `name` from `ENVS`."
+    if name not in ENVS: raise ValueError(f"env.name: unknown environment {name!r}; known: {', '.join(ENVS)}")
+    return ENVS[name]() if max_turns is None else ENVS[name](max_turns=max_turns)

@@ -1,0 +1,56 @@
+"""Real model: SmolLM2-135M-Instruct token streams and a 2-step GRPO smoke run with resume."""
+import subprocess, sys
+from pathlib import Path
+import torch
+from conftest import ROOT
+from scope_nb.core import Conversation
+from scope_nb.models import load_causal_lm
+from scope_nb.run import read_metrics, latest_checkpoint
+from scope_nb.training import LocalPolicy, Request, TokenStream, token_logprobs
+
+SCOPE = str(Path(sys.executable).parent / "scope")
+
+
+def test_sampling_logprobs_match_trainer_recomputation():
+    "Left-padded batched sampling with a KV cache vs the trainer's right-padded full forward: same logprobs (1e-4)."
+    lm = load_causal_lm("smollm2")
+    pol = LocalPolicy(lm.model, lm.tokenizer, name="agent", trainable=True, temperature=0.7, max_new_tokens=12, seed=3)
+    convs, streams = [], []
+    for i, opener in enumerate(["Hi!", "Would you like a cup of tea? I just made a fresh pot and it is still hot.", "Hello there, stranger."]):
+        c = Conversation(system={"agent": "You are friendly.", "user": "You are busy."})
+        c.say("user", opener)
+        convs.append(c); streams.append(TokenStream())
+    for turn in range(2):  # two agent turns each, batched across the three conversations
+        reps = pol.respond([Request(c.view("agent"), s, turn=turn) for c, s in zip(convs, streams)])
+        for c, r in zip(convs, reps):
+            c.say("agent", r.content); c.say("user", "Tell me more.")
+    lp, _, _ = token_logprobs(pol.model, [s.ids for s in streams], temperature=0.7, pad_id=pol.pad_id)
+    worst = 0.0
+    for i, s in enumerate(streams):
+        m = torch.tensor(s.mask, dtype=torch.bool)
+        assert m.sum() >= 2
+        worst = max(worst, float((lp[i, :len(s.ids)][m].detach() - torch.tensor(s.logprobs)[m]).abs().max()))
+        text = lm.tokenizer.decode(s.ids)
+        assert text.count("<|im_start|>user") == 2 and "You are friendly." in text and "You are busy." not in text
+    print(f"max |sampling − recomputed| logprob: {worst:.2e}")
+    assert worst < 1e-4
+
+
+def test_smollm2_grpo_smoke_run_and_resume(tmp_path):
+    cfg = str(ROOT / "configs" / "smoke_smollm2.toml")
+    base = ["--set", f"run.out_dir='{tmp_path}'", "--no-progress"]
+    r = subprocess.run([SCOPE, "train", cfg, *base], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    run = tmp_path / "smoke-smollm2"
+    rows = read_metrics(run / "metrics.jsonl")
+    assert [x["step"] for x in rows] == [0, 1, 2]
+    assert all(rows[s]["train/tokens"] > 0 and rows[s]["train/entropy"] > 0 for s in (1, 2))
+    assert "eval/mean" in rows[0] and "eval/mean" in rows[2]
+    assert sorted(p.name for p in (run / "trajectories").iterdir()) == ["step_000001.jsonl", "step_000002.jsonl"]
+    step, folder = latest_checkpoint(run)
+    assert step == 2 and (folder / "agent" / "model.safetensors").exists() and (folder / "agent" / "optimizer.pt").exists()
+    r = subprocess.run([SCOPE, "train", cfg, *base, "--resume", "--set", "run.steps=3", "--set", "eval.every=10"],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = read_metrics(run / "metrics.jsonl")
+    assert [x["step"] for x in rows] == [0, 1, 2, 3] and latest_checkpoint(run)[0] == 3
