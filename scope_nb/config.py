@@ -210,6 +210,8 @@ def validate(cfg: Config) -> Config:
     if cfg.user.reward not in SIM_REWARDS: raise ConfigError(f"user.reward = {cfg.user.reward!r}: use one of {SIM_REWARDS}")
     if cfg.user.model == "same" and cfg.user.train != cfg.agent.train:
         raise ConfigError("user.model = 'same' (self-play) shares one policy: set user.train equal to agent.train")
+    if cfg.user.model == "same" and cfg.user.temperature != cfg.agent.temperature:
+        raise ConfigError("user.model = 'same' (self-play) samples both roles in one batch: set user.temperature equal to agent.temperature")
     if not cfg.agent.train and not cfg.user.train: raise ConfigError("nothing to train: set agent.train or user.train to true")
     for i, p in enumerate(cfg.eval.panel):
         if not p.name: raise ConfigError(f"eval.panel[{i}].name: give each panel simulator a name")
