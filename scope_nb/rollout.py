@@ -48,7 +48,8 @@ def rollout(env: Env, tasks: list[Task], G: int, speakers: dict[str, Speaker], t
         jobs = []
         for sp, idx in by_speaker.values():
             reqs = [Request(states[i].conversation.view(states[i].next), streams.get((i, states[i].next)),
-                            env.tools(states[i], states[i].next), states[i].agent_turns) for i in idx]
+                            env.tools(states[i], states[i].next), states[i].agent_turns, f"{groups[i]}/{i % G}", i // G, i % G)
+                    for i in idx]
             # one temperature per call: requests of a shared (self-play) policy use the first role's temperature
             jobs.append((sp, idx, reqs, temperatures.get(states[idx[0]].next)))
         concurrent = [j for j in jobs if getattr(j[0], "concurrent", False)]

@@ -113,8 +113,8 @@ def evaluate(cfg: Config, env: Env, agent: Speaker, panel: list[tuple[PanelEntry
     tasks = env.tasks("test")[: cfg.eval.tasks]
     out, seen, unseen = {}, [], []
     for j, (entry, sim) in enumerate(panel):
-        if isinstance(agent, LocalPolicy): agent.generator.manual_seed(_seed(cfg.run.seed, step, 10_000 + j))
-        if isinstance(sim, LocalPolicy) and sim is not agent: sim.generator.manual_seed(_seed(cfg.run.seed, step, 20_000 + j))
+        agent.reseed(_seed(cfg.run.seed, step, 10_000 + j))
+        if sim is not agent: sim.reseed(_seed(cfg.run.seed, step, 20_000 + j))
         res = rollout(env, tasks, cfg.eval.samples, {"agent": agent, "user": sim}, (),
                       {"agent": cfg.eval.agent_temperature, "user": entry.temperature}, step=step, tag=f"eval:{entry.name}:")
         write_jsonl(Path(run_dir) / "eval" / f"step_{step:06d}" / f"{entry.name}.jsonl", res.episodes)
@@ -173,7 +173,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> Path:
     for j, entry in enumerate(default_panel(cfg)):
         reuse = entry.model == cfg.user.model and not cfg.user.train
         panel.append((entry, user if reuse else build_speaker(entry.model, cfg.user, env, f"eval-{entry.name}", cfg.run.seed + 100 + j)))
-    local = [s for s in {id(s): s for s in speakers.values()}.values() if isinstance(s, LocalPolicy)]
+    distinct = list({id(s): s for s in speakers.values()}.values())
     temps = {r: getattr(cfg, r).temperature for r in ("agent", "user")}
 
     start = 0
@@ -191,7 +191,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> Path:
         t_step, row = time.perf_counter(), {"step": step}
         if step > 0:
             rng = np.random.default_rng([cfg.run.seed, step])
-            for k, pol in enumerate(local): pol.generator.manual_seed(_seed(cfg.run.seed, step, k))
+            for k, sp in enumerate(distinct): sp.reseed(_seed(cfg.run.seed, step, k))
             t0 = time.perf_counter()
             res = rollout(env, env.sample_tasks("train", cfg.grpo.batch_tasks, rng), cfg.grpo.group_size, speakers, roles, temps, step=step)
             row["time/rollout"] = time.perf_counter() - t0

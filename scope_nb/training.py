@@ -131,11 +131,14 @@ def parse_tool_calls(text: str, turn: int = 0) -> tuple[str | None, list[ToolCal
 # %% ../nbs/30_training.ipynb #5366e76c
 @dataclass
 class Request:
-    "What a speaker is asked: the role's view (OpenAI messages), its token stream (local policies), tools, turn index."
+    "What a speaker is asked: the role's view, its token stream (local policies), tools, turn, and which episode asks."
     messages: list[dict]
     stream: TokenStream | None = None
     tools: list[dict] | None = None
     turn: int = 0
+    key: str = ""      # unique episode id in this rollout (seeds per-episode choices: personas, VS draws, rotation)
+    group: int = 0     # index of the episode's group (task) in the batch
+    sample: int = 0    # index of the episode within its group
 
 @dataclass
 class Reply:
@@ -149,10 +152,13 @@ class Reply:
     info: dict[str, Any] = field(default_factory=dict)
 
 class Speaker:
-    "Anything that answers a batch of role views. Subclasses implement `respond`."
+    "Anything that answers a batch of role views. Subclasses implement `respond`; `reseed` makes a step replayable."
     name: str = "speaker"
     trainable: bool = False
+    concurrent: bool = False  # run in a thread next to local generation (API clients)
+    api: bool = False         # time spent here counts as simulator API time
     def respond(self, requests: list[Request], temperature: float | None = None) -> list[Reply]: raise NotImplementedError
+    def reseed(self, seed: int) -> None: "Reset any sampling randomness (called at the start of every step)."
 
 class ScriptedSpeaker(Speaker):
     "A rule-based speaker: `fn(messages) -> text`; e.g. a scripted user for tests and the lab."
@@ -175,11 +181,14 @@ class LocalPolicy(Speaker):
         self.model, self.tok, self.name, self.trainable = model, tokenizer, name, trainable
         self.temperature, self.max_new_tokens = temperature, max_new_tokens
         self.generator = torch.Generator().manual_seed(seed)
+        self.seed = seed
         eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         self.eos_ids = sorted({tokenizer.eos_token_id} | set(eos if isinstance(eos, list) else [eos] if eos is not None else []))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if not getattr(tokenizer, "chat_template", None):
             raise TemplateError(f"{name}: the tokenizer has no chat template; a trainable or stream-based policy needs one")
+
+    def reseed(self, seed: int): self.generator.manual_seed(seed)
 
     def render(self, messages, add_generation_prompt: bool, tools=None) -> str:
         kw = {"tools": tools} if tools else {}
