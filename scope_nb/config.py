@@ -4,7 +4,7 @@
 
 # %% ../nbs/33_config.ipynb #c37a2532
 from __future__ import annotations
-import dataclasses, difflib, json, tomllib, typing
+import dataclasses, difflib, importlib.util, json, os, tomllib, typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,9 +13,9 @@ from .grpo import ADVANTAGES, GRPOConfig
 from .models import PACKAGED_MODELS, model_installed
 
 # %% auto #0
-__all__ = ['SIM_REWARDS', 'SCRIPTED', 'ConfigError', 'RunSection', 'EnvSection', 'SpeakerSection', 'GrpoSection', 'PanelEntry',
-           'EvalSection', 'CheckpointSection', 'Config', 'from_dict', 'to_dict', 'read_config_file', 'apply_overrides',
-           'to_toml', 'validate', 'load_config']
+__all__ = ['SIM_REWARDS', 'SCRIPTED', 'USER_MODES', 'ConfigError', 'RunSection', 'EnvSection', 'SpeakerSection', 'GrpoSection',
+           'PanelEntry', 'EvalSection', 'CheckpointSection', 'Config', 'from_dict', 'to_dict', 'read_config_file',
+           'apply_overrides', 'to_toml', 'validate', 'load_config']
 
 # %% ../nbs/33_config.ipynb #ef43c7c5
 class ConfigError(ValueError):
@@ -42,6 +42,23 @@ class SpeakerSection:
     reward: str = "env"      # user only: env | adversarial | cooperative | curriculum (paper Table 9)
     hidden: int = 32         # tiny policies only
     layers: int = 1          # tiny policies only
+    mode: str = "frozen"     # user only: frozen | vs | rotation | persona | pool (see 23_sim_modes)
+    base_url: str = ""       # api:<model> endpoints ("" = the provider default)
+    api_key_env: str = "OPENAI_API_KEY"  # the NAME of the variable holding the key ("" = no key)
+    timeout: float = 60.0
+    max_retries: int = 4
+    concurrency: int = 8
+    rotation: list[str] = field(default_factory=list)  # model specs for mode = "rotation"
+    rotation_per: str = "sample"                       # sample | group
+    personas: str = "default"                          # built-in set or a file, one persona per line
+    vs_n: int = 5
+    vs_method: str = "prob"          # prob | random
+    vs_attempts: int = 3
+    vs_structured: str = "auto"      # auto | json_schema | json_object_schema | json_object | none
+    vs_on_failure: str = "plain"     # plain | fail
+    pool_size: int = 5
+    pool_every: int = 4
+    pool_sampling: str = "uniform"   # uniform | latest
 
 @dataclass
 class GrpoSection(GRPOConfig):
@@ -83,6 +100,7 @@ class Config:
 
 SIM_REWARDS = ("env", "adversarial", "cooperative", "curriculum")
 SCRIPTED = ("echo",)
+USER_MODES = ("frozen", "vs", "rotation", "persona", "pool")
 
 # %% ../nbs/33_config.ipynb #f6950a17
 def _typename(t) -> str: return getattr(t, "__name__", str(t))
@@ -177,6 +195,13 @@ def _check_model(spec: str, key: str, env_vocab, role: str):
     if spec == "same":
         if role != "user": raise ConfigError(f"{key} = 'same' only makes sense for the user (self-play)")
         return
+    if spec.startswith("llama:"):
+        from scope_nb.llama_server import llama_cpp_available
+        if not llama_cpp_available(): raise ConfigError(f"{key} = {spec!r} needs llama-cpp-python: install the `server` extra (make venv does)")
+        return _check_model(spec.split(":", 1)[1], key, None, "user")
+    if spec.startswith("api:"):
+        if importlib.util.find_spec("openai") is None: raise ConfigError(f"{key} = {spec!r} needs the openai client: install the `api` extra")
+        return
     if spec.startswith("scripted:"):
         if spec.split(":", 1)[1] not in SCRIPTED: raise ConfigError(f"{key} = {spec!r}: unknown scripted speaker; known: {', '.join('scripted:' + s for s in SCRIPTED)}")
         return
@@ -206,8 +231,27 @@ def validate(cfg: Config) -> Config:
         s = getattr(cfg, role)
         _check_model(s.model, f"{role}.model", vocab, role)
         if s.max_new_tokens < 1: raise ConfigError(f"{role}.max_new_tokens must be >= 1")
-        if s.train and s.model.startswith("scripted:"): raise ConfigError(f"{role}.train = true but {role}.model is a scripted speaker, which has no weights")
+        if s.train and s.model.startswith(("scripted:", "llama:", "api:")): raise ConfigError(f"{role}.train = true but {role}.model = {s.model!r} has no local weights to train")
     if cfg.user.reward not in SIM_REWARDS: raise ConfigError(f"user.reward = {cfg.user.reward!r}: use one of {SIM_REWARDS}")
+    u = cfg.user
+    if u.mode not in USER_MODES: raise ConfigError(f"user.mode = {u.mode!r}: use one of {USER_MODES}")
+    if u.mode == "rotation":
+        if len(u.rotation) < 2: raise ConfigError("user.mode = 'rotation' needs at least two model specs in user.rotation")
+        for i, sp in enumerate(u.rotation): _check_model(sp, f"user.rotation[{i}]", vocab, "user")
+    if u.mode == "vs" and not u.model.startswith(("llama:", "api:")):
+        raise ConfigError(f"user.mode = 'vs' asks the simulator for a JSON answer: use an API model (user.model = 'llama:smollm2' or 'api:<model>')")
+    if u.mode == "vs" and (u.vs_n < 1 or u.vs_method not in ("prob", "random") or u.vs_on_failure not in ("plain", "fail")):
+        raise ConfigError("user.vs_n must be >= 1, user.vs_method 'prob' or 'random', user.vs_on_failure 'plain' or 'fail'")
+    if u.mode == "pool" and not (u.train and not u.model.startswith(("llama:", "api:", "scripted:"))):
+        raise ConfigError("user.mode = 'pool' is Population Co-Training: set user.train = true with a local model (tiny, smollm2, a path)")
+    if u.rotation_per not in ("sample", "group"): raise ConfigError(f"user.rotation_per = {u.rotation_per!r}: use 'sample' or 'group'")
+    if u.pool_sampling not in ("uniform", "latest"): raise ConfigError(f"user.pool_sampling = {u.pool_sampling!r}: use 'uniform' or 'latest'")
+    for role in ("agent", "user"):
+        s = getattr(cfg, role)
+        uses_api = s.model.startswith("api:") or (role == "user" and any(x.startswith("api:") for x in s.rotation))
+        if uses_api and s.api_key_env and not os.environ.get(s.api_key_env):
+            raise ConfigError(f"{role}.api_key_env = {s.api_key_env!r}: that environment variable is not set; export it, "
+                              f"or set {role}.api_key_env = '' for an endpoint without keys")
     if cfg.user.model == "same" and cfg.user.train != cfg.agent.train:
         raise ConfigError("user.model = 'same' (self-play) shares one policy: set user.train equal to agent.train")
     if cfg.user.model == "same" and cfg.user.temperature != cfg.agent.temperature:

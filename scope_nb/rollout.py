@@ -37,7 +37,7 @@ def rollout(env: Env, tasks: list[Task], G: int, speakers: dict[str, Speaker], t
     states = [env.reset(t) for t in tasks for _ in range(G)]
     groups = [f"{tag}{'' if step is None else f's{step}'}#{i}:{t.id}" for i, t in enumerate(tasks) for _ in range(G)]
     streams = {(i, r): TokenStream() for i in range(len(states)) for r in trainable}
-    errors, truncated, infos, seconds = {}, {}, [[] for _ in states], {}
+    errors, truncated, infos, seconds, models = {}, {}, [[] for _ in states], {}, {}
     while True:
         live = [i for i, s in enumerate(states) if not s.done]
         if not live: break
@@ -67,17 +67,18 @@ def rollout(env: Env, tasks: list[Task], G: int, speakers: dict[str, Speaker], t
                     continue
                 if rep.truncated: truncated.setdefault(i, set()).add(role)
                 if rep.info: infos[i].append({"role": role, "turn": st.agent_turns, **rep.info})
+                if "model" in rep.info: models[(i, role)] = rep.info["model"]  # e.g. the pool checkpoint that answered
                 try: env.apply(st, role, rep.content, rep.tool_calls)
                 except Exception as e:
                     errors[i] = f"environment {env.name}: {type(e).__name__}: {e}"; st.next = None
-    return RolloutResult([_episode(env, st, i, groups[i], G, streams, trainable, errors, truncated, infos, speakers, step)
+    return RolloutResult([_episode(env, st, i, groups[i], G, streams, trainable, errors, truncated, infos, speakers, step, models)
                           for i, st in enumerate(states)], seconds)
 
-def _episode(env, st: EnvState, i, group, G, streams, trainable, errors, truncated, infos, speakers, step) -> Episode:
+def _episode(env, st: EnvState, i, group, G, streams, trainable, errors, truncated, infos, speakers, step, models) -> Episode:
     failed = i in errors
     status = "failed" if failed else "truncated" if i in truncated else st.outcome
     rewards = {r: None for r in ("agent", "user")} if failed else env.reward(st)
-    trajs = {r: streams[(i, r)].to_trajectory(r, rewards.get(r), status, speakers[r].name) for r in trainable}
+    trajs = {r: streams[(i, r)].to_trajectory(r, rewards.get(r), status, models.get((i, r), speakers[r].name)) for r in trainable}
     info = {"speakers": {r: s.name for r, s in speakers.items()}, "outcome": st.outcome, "agent_turns": st.agent_turns}
     if i in truncated: info["truncated_roles"] = sorted(truncated[i])
     if infos[i]: info["turns"] = infos[i]

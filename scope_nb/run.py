@@ -14,27 +14,17 @@ from .envs import Env, make_env
 from .grpo import GRPOConfig, GRPOTrainer, group_stats, role_items
 from .rollout import rollout
 from .theory import curriculum_reward
-from .training import LocalPolicy, ScriptedSpeaker, Speaker, echo_user, tiny_policy
+from .sim_modes import PoolSpeaker, Servers, build_speaker, build_user
+from .training import LocalPolicy, Speaker
 
 # %% auto #0
-__all__ = ['SCRIPTED_FNS', 'build_speaker', 'append_metrics', 'read_metrics', 'summarize', 'save_checkpoint', 'latest_checkpoint',
-           'load_checkpoint', 'default_panel', 'evaluate', 'apply_sim_reward', 'train']
+__all__ = ['append_metrics', 'read_metrics', 'summarize', 'save_checkpoint', 'latest_checkpoint', 'load_checkpoint',
+           'default_panel', 'evaluate', 'apply_sim_reward', 'train']
 
-# %% ../nbs/34_run.ipynb #d9fbb51e
-SCRIPTED_FNS = {"echo": echo_user}
-
-def build_speaker(spec: str, sec: SpeakerSection, env: Env, name: str, seed: int, trainable: bool = False) -> Speaker:
-    "A speaker from a `model` spec: 'tiny', 'scripted:<name>', a packaged model name or a path."
-    if spec.startswith("scripted:"): return ScriptedSpeaker(SCRIPTED_FNS[spec.split(":", 1)[1]], name)
-    kw = dict(name=name, trainable=trainable, temperature=sec.temperature, max_new_tokens=sec.max_new_tokens, seed=seed)
-    if spec == "tiny": return tiny_policy(env.vocab, hidden=sec.hidden, layers=sec.layers, **kw)
-    from scope_nb.models import load_causal_lm
-    lm = load_causal_lm(spec)
-    return LocalPolicy(lm.model, lm.tokenizer, **kw)
-
+# %% ../nbs/34_run.ipynb #c7690405
 def _seed(seed: int, step: int, k: int = 0) -> int: return (seed * 1_000_003 + step * 7_919 + k * 104_729) % 2**31
 
-# %% ../nbs/34_run.ipynb #a149eb39
+# %% ../nbs/34_run.ipynb #6e08b112
 def _clean(v):
     "JSON-safe metric value: NaN/inf become None, numpy scalars plain floats."
     if isinstance(v, (float, np.floating)): return float(v) if math.isfinite(v) else None
@@ -70,7 +60,7 @@ def summarize(rows: list[dict], keys=("eval/mean", "eval/seen", "eval/unseen")) 
         out[k] = {"best": float(v[b]), "best_step": int(s[b]), "final": float(v[-1]), "final_step": int(s[-1]), "auc": auc}
     return out
 
-# %% ../nbs/34_run.ipynb #7d326137
+# %% ../nbs/34_run.ipynb #acbddf8e
 def save_checkpoint(run_dir: Path, step: int, trainers: dict, keep: int = 2) -> Path:
     "Write weights + optimizer of each trainer to checkpoints/step_N atomically, then point latest.json at it."
     ck = Path(run_dir) / "checkpoints"
@@ -103,7 +93,7 @@ def load_checkpoint(folder: Path, trainers: dict):
         tr.policy.model.load_state_dict(fresh.state_dict())
         tr.opt.load_state_dict(torch.load(folder / name / "optimizer.pt", weights_only=True))
 
-# %% ../nbs/34_run.ipynb #70b75052
+# %% ../nbs/34_run.ipynb #26a5d853
 def default_panel(cfg: Config) -> list[PanelEntry]:
     "The panel when none is configured: the training user at temperature 0, tagged seen."
     return cfg.eval.panel or [PanelEntry(name=cfg.user.model.replace(":", "-").replace("/", "_"), model=cfg.user.model, seen=True)]
@@ -127,7 +117,7 @@ def evaluate(cfg: Config, env: Env, agent: Speaker, panel: list[tuple[PanelEntry
         if v: out[k], out[k + "_std"] = float(np.mean(v)), float(np.std(v))
     return out
 
-# %% ../nbs/34_run.ipynb #3401c997
+# %% ../nbs/34_run.ipynb #586dbabd
 def apply_sim_reward(episodes, mode: str):
     "Overwrite the user's reward of scored episodes according to `mode` (env | adversarial | cooperative | curriculum)."
     if mode == "env": return
@@ -140,7 +130,7 @@ def apply_sim_reward(episodes, mode: str):
             e.rewards["user"] = r
             if "user" in e.trajectories: e.trajectories["user"].reward = r
 
-# %% ../nbs/34_run.ipynb #8bd4b8e0
+# %% ../nbs/34_run.ipynb #75d0d73a
 def _mean(xs): return float(np.mean(xs)) if len(xs) else None
 
 def train(cfg: Config, resume: bool = False, progress: bool = True) -> Path:
@@ -150,29 +140,34 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> Path:
     tasks from the training split); every step's trajectories and every eval are kept in their own files (the release
     overwrote eval files); trajectories, metrics and checkpoints are written so that a killed run resumes exactly.
     See `32_grpo` for the departures of the update itself."""
-    from tqdm.auto import tqdm
     run_dir = cfg.run_dir
     mpath = run_dir / "metrics.jsonl"
     if not resume and mpath.exists() and mpath.stat().st_size > 0:
         raise ConfigError(f"{run_dir} already holds a run; pass --resume to continue it or set run.name to start a new one")
     if resume and not (run_dir / "config.toml").exists():
         raise ConfigError(f"--resume: {run_dir} holds no run (no config.toml); start it without --resume")
+    with Servers() as servers: return _train(cfg, resume, progress, servers)
+
+def _train(cfg: Config, resume: bool, progress: bool, servers: Servers) -> Path:
+    from tqdm.auto import tqdm
+    run_dir, mpath = cfg.run_dir, cfg.run_dir / "metrics.jsonl"
     torch.manual_seed(cfg.run.seed)
     env = make_env(cfg.env.name, cfg.env.max_turns)
-    agent = build_speaker(cfg.agent.model, cfg.agent, env, "agent", cfg.run.seed, cfg.agent.train)
-    user = agent if cfg.user.model == "same" else build_speaker(cfg.user.model, cfg.user, env, "user", cfg.run.seed + 1, cfg.user.train)
+    agent = build_speaker(cfg.agent.model, cfg.agent, env, "agent", cfg.run.seed, cfg.agent.train, servers)
+    user = build_user(cfg.user, env, cfg.run.seed + 1, agent, servers, run_dir)
     speakers = {"agent": agent, "user": user}
     roles = tuple(r for r in ("agent", "user") if getattr(cfg, r).train)
     gcfg = GRPOConfig(**{k: getattr(cfg.grpo, k) for k in GRPOConfig.__dataclass_fields__})
     trainers, plays = {}, {}
     for r in roles:
-        sp = speakers[r]
+        sp = speakers[r].current if isinstance(speakers[r], PoolSpeaker) else speakers[r]
         if sp.name not in trainers: trainers[sp.name] = GRPOTrainer(sp, gcfg, temperature=getattr(cfg, r).temperature)
         plays.setdefault(sp.name, []).append(r)
     panel = []
     for j, entry in enumerate(default_panel(cfg)):
         reuse = entry.model == cfg.user.model and not cfg.user.train
-        panel.append((entry, user if reuse else build_speaker(entry.model, cfg.user, env, f"eval-{entry.name}", cfg.run.seed + 100 + j)))
+        if entry.model == "same": panel.append((entry, agent)); continue   # self-play without a panel: the policy against itself
+        panel.append((entry, user if reuse else build_speaker(entry.model, cfg.user, env, f"eval-{entry.name}", cfg.run.seed + 100 + j, False, servers)))
     distinct = list({id(s): s for s in speakers.values()}.values())
     temps = {r: getattr(cfg, r).temperature for r in ("agent", "user")}
 
@@ -180,6 +175,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> Path:
     if resume:
         ck = latest_checkpoint(run_dir)
         if ck: load_checkpoint(ck[1], trainers); start = ck[0] + 1
+        if isinstance(user, PoolSpeaker): user.pool.truncate(ck[0] if ck else 0)
         kept = [r for r in read_metrics(mpath) if ck and r["step"] <= ck[0]]
         atomic_write_text(mpath, "".join(json.dumps(r, allow_nan=False) + "\n" for r in kept))
     else:
@@ -195,7 +191,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> Path:
             t0 = time.perf_counter()
             res = rollout(env, env.sample_tasks("train", cfg.grpo.batch_tasks, rng), cfg.grpo.group_size, speakers, roles, temps, step=step)
             row["time/rollout"] = time.perf_counter() - t0
-            row["time/sim_api"] = sum(s for n, s in res.seconds.items() if getattr(speakers["user"], "api", False) and n == speakers["user"].name)
+            row["time/sim_api"] = sum(s for n, s in res.seconds.items() if speakers["user"].api and n == speakers["user"].name)
             eps = res.episodes
             apply_sim_reward(eps, cfg.user.reward)
             write_jsonl(run_dir / "trajectories" / f"step_{step:06d}.jsonl", eps)
@@ -221,6 +217,9 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> Path:
             t0 = time.perf_counter()
             row.update(evaluate(cfg, env, agent, panel, step, run_dir))
             row["time/eval"] = time.perf_counter() - t0
+        if isinstance(user, PoolSpeaker) and step > 0 and step % cfg.user.pool_every == 0:
+            user.pool.add(user.current.model, user.current.tok, step)   # dropped again on resume if this step is replayed
+            row["sim/pool_size"] = len(user.pool.entries)
         row["time/step"], row["wall_time"] = time.perf_counter() - t_step, time.time()
         append_metrics(mpath, row)
         if step > 0 and (step % cfg.checkpoint.every == 0 or step == cfg.run.steps):
