@@ -334,4 +334,6 @@ d = { 'settings': { 'branch': 'main',
                                      'scope_nb.verbalized.vs_response_format': ( 'verbalized.html#vs_response_format',
                                                                                  'scope_nb/verbalized.py'),
                                      'scope_nb.verbalized.vs_schema': ('verbalized.html#vs_schema', 'scope_nb/verbalized.py'),
-                                     'scope_nb.verbalized.vs_weights': ('verbalized.html#vs_weights', 'scope_nb/verbalized.py')}}}
+                                     'scope_nb.verbalized.vs_weights': ('verbalized.html#vs_weights', 'scope_nb/verbalized.py')},
+            'scope_nb.vs_tools': { 'scope_nb.vs_tools.simulate_vs': ('vs_tools.html#simulate_vs', 'scope_nb/vs_tools.py'),
+                                   'scope_nb.vs_tools.vs_summary': ('vs_tools.html#vs_summary', 'scope_nb/vs_tools.py')}}}

@@ -4,7 +4,7 @@
 
 # %% ../nbs/03_cli.ipynb #6065c554
 from __future__ import annotations
-import argparse, os, platform, sys, time
+import argparse, json, os, platform, sys, time
 from importlib import metadata as md
 from . import __version__
 from .core import Conversation
@@ -82,6 +82,16 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a setting, e.g. --set grpo.lr=1e-5")
     t.add_argument("--resume", action="store_true", help="continue the run in run.out_dir/run.name from its latest checkpoint")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    v = sub.add_parser("simulate-vs", help="N dialogues of a frozen agent against a Verbalized Sampling simulator; JSONL + summary")
+    v.add_argument("--env", default="ask"); v.add_argument("--agent", default="llama:smollm2"); v.add_argument("--sim", default="llama:smollm2")
+    v.add_argument("--episodes", type=int, default=10); v.add_argument("--n", type=int, default=5)
+    v.add_argument("--method", default="prob", choices=["prob", "random"]); v.add_argument("--attempts", type=int, default=3)
+    v.add_argument("--structured", default="auto"); v.add_argument("--on-failure", default="plain", choices=["plain", "fail"])
+    v.add_argument("--temperature", type=float, default=0.7); v.add_argument("--max-new-tokens", type=int, default=48)
+    v.add_argument("--seed", type=int, default=0); v.add_argument("--out", default="runs/simulate-vs")
+    v.add_argument("--base-url", default="", help="for api:<model> specs"); v.add_argument("--api-key-env", default="OPENAI_API_KEY",
+                   help="NAME of the environment variable holding the key ('' for none)")
+    v.add_argument("--timeout", type=float, default=60.0); v.add_argument("--max-retries", type=int, default=4)
     d = sub.add_parser("demo", help="the main job on embedded defaults (currently: a short two-speaker conversation)")
     d.add_argument("--model", default="smollm2")
     d.add_argument("--rounds", type=int, default=3)
@@ -111,9 +121,16 @@ def main(argv: list[str] | None = None) -> int:
                 cfg = load_config(cfg.run_dir / "config.toml", args.overrides)
             run_dir = train(cfg, resume=args.resume, progress=not args.no_progress)
             print(f"run folder: {run_dir}")
+        elif args.cmd == "simulate-vs":
+            from scope_nb.vs_tools import simulate_vs
+            s = simulate_vs(args.out, args.env, args.agent, args.sim, args.episodes, args.n, args.method, args.attempts, args.structured,
+                            args.on_failure, args.temperature, args.max_new_tokens, args.seed, args.base_url, args.api_key_env or "",
+                            args.timeout, args.max_retries)
+            print(json.dumps(s, indent=1))
+            print(f"wrote {args.out}/episodes.jsonl and {args.out}/summary.json")
         elif args.cmd == "demo":
             demo_conversation(args.model, rounds=args.rounds, max_new_tokens=args.max_new_tokens, seed=args.seed)
-    except (ModelNotFound, ValueError) as e:  # ConfigError, TemplateError: user-fixable, no traceback
+    except (ModelNotFound, ValueError, RuntimeError, TimeoutError) as e:  # config, template, server start-up: user-fixable
         print(f"scope: error: {e}", file=sys.stderr)
         return 2
     return 0

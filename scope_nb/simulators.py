@@ -166,7 +166,8 @@ class ApiSpeaker(Speaker):
         todo = list(range(len(requests)))
         for _ in range(attempts):
             if not todo: break
-            results = self.complete([(vs_messages(requests[i].messages), T, None, fmt) for i in todo])
+            budget = self.cfg.max_tokens * n + 64  # n replies plus the JSON around them
+            results = self.complete([(vs_messages(requests[i].messages), T, budget, fmt) for i in todo])
             nxt = []
             for i, r in zip(todo, results):
                 o = out[i]; o["attempts"] += 1; o["api"].append(r.info())

@@ -1,0 +1,89 @@
+"""Simulators against a real llama.cpp server (packaged SmolLM2): frozen replies, Verbalized Sampling,
+`scope simulate-vs`, fault injection through a proxy, and API keys that never reach any file."""
+import json, os, subprocess, sys
+from pathlib import Path
+import pytest
+from faultproxy import FaultProxy
+from scope_nb.llama_server import LlamaServer
+from scope_nb.simulators import ApiConfig, ApiSpeaker, Verbalized
+from scope_nb.training import Request
+
+SCOPE = str(Path(sys.executable).parent / "scope")
+MSGS = [{"role": "system", "content": "You are a busy person. Reply in one short sentence."},
+        {"role": "user", "content": "Would you like a cup of tea?"}]
+
+
+@pytest.fixture(scope="module")
+def server():
+    with LlamaServer("smollm2") as srv: yield srv
+
+
+def _speaker(base_url, model, **kw):
+    cfg = dict(model=model, base_url=base_url, api_key_env=None, max_tokens=24, timeout=20.0, concurrency=4) | kw
+    return ApiSpeaker(ApiConfig(**cfg), temperature=0.7)
+
+
+def test_frozen_simulator_answers(server):
+    sp = _speaker(server.base_url, server.model_name)
+    reps = sp.respond([Request(MSGS, key=f"k{i}") for i in range(3)])
+    assert all(r.content and not r.failed for r in reps)
+    api = reps[0].info["api"]
+    assert api["attempts"] == 1 and api["completion_tokens"] > 0 and api["latency"] > 0
+    assert sp.stats["calls"] == 3 and sp.stats["failures"] == 0
+
+
+def test_simulate_vs_writes_jsonl_and_summary(tmp_path):
+    out = tmp_path / "svs"
+    r = subprocess.run([SCOPE, "simulate-vs", "--episodes", "10", "--max-new-tokens", "24", "--out", str(out)],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    s = json.loads((out / "summary.json").read_text())
+    print({k: s[k] for k in ("turns", "parse_success_rate", "complete_rate", "valid_draw_rate", "mean_unique_candidates")})
+    assert s["turns"] >= 20
+    assert s["complete_rate"] >= 0.95 and s["valid_draw_rate"] >= 0.95
+    lines = (out / "episodes.jsonl").read_text().splitlines()
+    assert len(lines) == 10
+    turn = next(t["vs"] for l in lines for t in json.loads(l)["info"]["turns"] if t["role"] == "user" and "drawn" in t.get("vs", {}))
+    assert len(turn["candidates"]) == 5 and 0 <= turn["drawn"] < 5 and turn["parse_ok"]
+    conv_texts = [t["message"]["content"] for l in lines for t in json.loads(l)["conversation"]["turns"]]
+    assert not any('"responses"' in (c or "") for c in conv_texts)   # raw JSON never enters the conversation
+
+
+def test_faults_are_retried_counted_and_exhaustion_fails_with_reason(server):
+    with FaultProxy(server.base_url, rate=0.2, seed=1, hang=6.0) as proxy:
+        sp = _speaker(proxy.base_url, server.model_name, timeout=4.0, backoff=0.05, max_backoff=0.2, max_retry_after=1.0)
+        replies = []
+        for b in range(5):  # 50 simulated turns
+            replies += sp.respond([Request(MSGS, key=f"b{b}/{i}") for i in range(10)])
+    assert len(replies) == 50 and all(not r.failed and r.content for r in replies)
+    print(proxy.counts, sp.stats["errors"])
+    assert proxy.n_faults >= 5 and all(proxy.counts[k] > 0 for k in ("429", "500", "drop", "truncated", "timeout"))
+    assert sp.stats["retries"] == proxy.n_faults                 # every injected fault was retried and counted
+    assert sum(len(r.info["api"]["errors"]) for r in replies) == proxy.n_faults
+    with FaultProxy(server.base_url, rate=1.0, faults=("500",), seed=2) as proxy:
+        sp = _speaker(proxy.base_url, server.model_name, max_retries=2, backoff=0.01)
+        rep = sp.respond([Request(MSGS, key="x")])[0]
+    assert rep.failed and rep.error == "gave up after 3 attempts (500, 500, 500)"
+
+
+def test_vs_survives_faults(server):
+    with FaultProxy(server.base_url, rate=0.2, faults=("500", "truncated", "429"), seed=3) as proxy:
+        vs = Verbalized(_speaker(proxy.base_url, server.model_name, backoff=0.05, max_retry_after=1.0), n=5, structured="json_object_schema")
+        reps = vs.respond([Request(MSGS, key=f"v{i}") for i in range(6)])
+    assert all(r.content and not r.failed for r in reps)
+    assert all("candidates" in r.info["vs"] or r.info["vs"].get("fallback") == "plain" for r in reps)
+
+
+def test_api_key_never_reaches_logs_or_files(server, tmp_path):
+    key = "sk-test-DO-NOT-LEAK-4f9a8b7c6d5e"
+    out = tmp_path / "svs"
+    with FaultProxy(server.base_url, rate=0.5, faults=("auth_echo",), seed=4) as proxy:
+        r = subprocess.run([SCOPE, "simulate-vs", "--episodes", "3", "--max-new-tokens", "16", "--out", str(out),
+                            "--agent", f"api:{server.model_name}", "--sim", f"api:{server.model_name}", "--base-url", proxy.base_url,
+                            "--api-key-env", "SCOPE_TEST_KEY", "--max-retries", "1"],
+                           capture_output=True, text=True, timeout=900, env={**os.environ, "SCOPE_TEST_KEY": key})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"Bearer {key}" in proxy.seen_auth and proxy.counts["auth_echo"] > 0   # the key was really sent, and echoed back
+    blobs = [r.stdout, r.stderr] + [p.read_text(errors="replace") for p in out.rglob("*") if p.is_file()]
+    assert not any(key in b or key[:12] in b for b in blobs)
+    assert any("HTTP 401" in b for b in blobs)                                  # the failure reason was kept, redacted
