@@ -92,6 +92,12 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--base-url", default="", help="for api:<model> specs"); v.add_argument("--api-key-env", default="OPENAI_API_KEY",
                    help="NAME of the environment variable holding the key ('' for none)")
     v.add_argument("--timeout", type=float, default=60.0); v.add_argument("--max-retries", type=int, default=4)
+    c = sub.add_parser("collapse-meter", help="estimate a simulator's collapse error at histories a frozen agent visits")
+    c.add_argument("--env", default="ask"); c.add_argument("--agent", default="llama:smollm2"); c.add_argument("--sim", default="llama:smollm2")
+    c.add_argument("--episodes", type=int, default=4); c.add_argument("--M", type=int, default=20)
+    c.add_argument("--labeler", default="exact", help="exact | yes_no | embedding"); c.add_argument("--temperature", type=float, default=0.7)
+    c.add_argument("--max-new-tokens", type=int, default=32); c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--out", default="runs/collapse-meter.json"); c.add_argument("--base-url", default=""); c.add_argument("--api-key-env", default="OPENAI_API_KEY")
     d = sub.add_parser("demo", help="the main job on embedded defaults (currently: a short two-speaker conversation)")
     d.add_argument("--model", default="smollm2")
     d.add_argument("--rounds", type=int, default=3)
@@ -128,6 +134,12 @@ def main(argv: list[str] | None = None) -> int:
                             args.timeout, args.max_retries)
             print(json.dumps(s, indent=1))
             print(f"wrote {args.out}/episodes.jsonl and {args.out}/summary.json")
+        elif args.cmd == "collapse-meter":
+            from scope_nb.vs_tools import run_collapse_meter
+            r = run_collapse_meter(args.out, args.env, args.agent, args.sim, args.episodes, args.M, args.labeler, args.temperature,
+                                   args.max_new_tokens, args.seed, args.base_url, args.api_key_env or "")
+            print(f"eps_hat {r['eps_hat']:.3f} (per history {[round(x, 3) for x in r['eps_per_history']]}), eps_bar_H {r['eps_bar_H']:.3f}, "
+                  f"labeler {r['labeler']}, M {r['M']}; wrote {args.out}")
         elif args.cmd == "demo":
             demo_conversation(args.model, rounds=args.rounds, max_new_tokens=args.max_new_tokens, seed=args.seed)
     except (ModelNotFound, ValueError, RuntimeError, TimeoutError) as e:  # config, template, server start-up: user-fixable

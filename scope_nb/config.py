@@ -79,6 +79,10 @@ class EvalSection:
     samples: int = 1
     agent_temperature: float = 0.7
     panel: list[PanelEntry] = field(default_factory=list)  # empty: the training user, tagged seen
+    collapse_every: int = 0        # measure sim/collapse_eps every N training steps (0: off)
+    collapse_histories: int = 8    # visited user histories per measurement
+    collapse_M: int = 16           # simulator draws per history
+    collapse_labeler: str = "exact"
 
 @dataclass
 class CheckpointSection:

@@ -206,6 +206,13 @@ def _train(cfg: Config, resume: bool, progress: bool, servers: Servers) -> Path:
                 prefix = "train" if "agent" in plays[name] else "sim"
                 row.update({f"{prefix}/{k}": st[k] for k in ("entropy", "kl", "clipfrac", "grad_norm", "loss", "tokens")})
             row["time/train"] = time.perf_counter() - t0
+            if cfg.eval.collapse_every and step % cfg.eval.collapse_every == 0:  # direct collapse meter (24_collapse)
+                from scope_nb.collapse import collapse_meter, user_histories
+                hist = user_histories([e for e in eps if e.status != "failed"], cfg.eval.collapse_histories)
+                if hist:
+                    user.reseed(_seed(cfg.run.seed, step, 30_000))
+                    rep = collapse_meter(user, hist, cfg.eval.collapse_M, cfg.eval.collapse_labeler, cfg.user.temperature)
+                    row["sim/collapse_eps"], row["sim/collapse_eps_bar_H"] = rep.eps_hat, rep.eps_bar_H
             scored = [e for e in eps if e.status != "failed"]
             row["train/reward"] = _mean([e.rewards["agent"] for e in scored])
             row["train/reward_std"] = float(np.std([e.rewards["agent"] for e in scored])) if scored else None

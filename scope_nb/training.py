@@ -4,7 +4,7 @@
 
 # %% ../nbs/30_training.ipynb #dfbaa9f3
 from __future__ import annotations
-import json, re
+import json, re, zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 import torch
@@ -41,8 +41,8 @@ def _cache_of(out): return getattr(out, "cache", None) if getattr(out, "cache", 
 
 @torch.no_grad()
 def sample_batch(model, prompts: list[list[int]], max_new_tokens: int, temperature: float, eos_ids, pad_id: int,
-                 generator: torch.Generator | None = None) -> list[Sample]:
-    "Sample continuations of all `prompts` in one left-padded batch with a KV cache; greedy when temperature is 0."
+                 generator: torch.Generator | None = None, generators: list | None = None) -> list[Sample]:
+    "Sample continuations of all `prompts` in one left-padded batch with a KV cache; greedy when temperature is 0; `generators`: one per row."
     if not prompts: return []
     eos = torch.tensor(sorted(set(eos_ids)), dtype=torch.long)
     ids, mask = _left_pad(prompts, pad_id)
@@ -57,7 +57,8 @@ def sample_batch(model, prompts: list[list[int]], max_new_tokens: int, temperatu
         logits = logits.float()
         if temperature > 0:
             logp = F.log_softmax(logits / temperature, -1)
-            tok = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(1)
+            if generators is None: tok = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(1)
+            else: tok = torch.cat([torch.multinomial(logp[i].exp(), 1, generator=g) for i, g in enumerate(generators)])
         else:
             logp = F.log_softmax(logits, -1)
             tok = logp.argmax(-1)
@@ -182,6 +183,7 @@ class LocalPolicy(Speaker):
         self.temperature, self.max_new_tokens = temperature, max_new_tokens
         self.generator = torch.Generator().manual_seed(seed)
         self.seed = seed
+        self.history_seeded = False  # True: each reply is a deterministic function of (seed, episode group, history)
         eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         self.eos_ids = sorted({tokenizer.eos_token_id} | set(eos if isinstance(eos, list) else [eos] if eos is not None else []))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -208,7 +210,11 @@ class LocalPolicy(Speaker):
             new = self.encode(_delta(before, full, "new context"))
             s._add(new, 0, [0.0] * len(new))
             prompts.append(s.ids); texts.append(full)
-        samples = sample_batch(self.model, prompts, self.max_new_tokens, T, self.eos_ids, self.pad_id, self.generator)
+        gens = None
+        if self.history_seeded:  # the agent randomness ξπ of Eq. 6: fixed per group, independent across histories
+            gens = [torch.Generator().manual_seed(zlib.crc32(f"{self.seed}|{r.key.rsplit('/', 1)[0]}|{p}".encode()))
+                    for r, p in zip(requests, prompts)]
+        samples = sample_batch(self.model, prompts, self.max_new_tokens, T, self.eos_ids, self.pad_id, self.generator, gens)
         replies = []
         for r, s, smp, prompt_text in zip(requests, streams, samples, texts):
             gen_ids = smp.ids[:-1] if smp.eos else smp.ids

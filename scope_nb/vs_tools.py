@@ -16,7 +16,7 @@ from .sim_modes import Servers, build_speaker
 from .simulators import Verbalized
 
 # %% auto #0
-__all__ = ['vs_summary', 'simulate_vs']
+__all__ = ['vs_summary', 'simulate_vs', 'run_collapse_meter']
 
 # %% ../nbs/25_vs_tools.ipynb #20ed8f6e
 def vs_summary(episodes, vs_speaker=None) -> dict:
@@ -65,3 +65,21 @@ def simulate_vs(out_dir, env: str = "ask", agent: str = "llama:smollm2", sim: st
     summary = {"env": env, "agent": agent, "sim": sim, "n": n, "method": method, **vs_summary(res.episodes, vs)}
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=1))
     return summary
+
+# %% ../nbs/25_vs_tools.ipynb #b1b197a3
+def run_collapse_meter(out_path, env: str = "ask", agent: str = "llama:smollm2", sim: str = "llama:smollm2", episodes: int = 4,
+                       M: int = 20, labeler: str = "exact", temperature: float = 0.7, max_new_tokens: int = 32, seed: int = 0,
+                       base_url: str = "", api_key_env: str = "OPENAI_API_KEY") -> dict:
+    "ε̂_φ and ε̄_H of `sim` at histories visited by `agent` in `env`; writes a JSON report to `out_path`."
+    from scope_nb.collapse import collapse_meter, user_histories
+    e = make_env(env)
+    with Servers() as servers:
+        mk = lambda spec, name, k: build_speaker(spec, SpeakerSection(model=spec, temperature=temperature, max_new_tokens=max_new_tokens,
+                                                                      base_url=base_url, api_key_env=api_key_env), e, name, seed + k, False, servers)
+        a, s = mk(agent, "agent", 0), mk(sim, "user", 1)
+        pool = e.tasks("test") or e.tasks("train")
+        res = rollout(e, [pool[i % len(pool)] for i in range(episodes)], 1, {"agent": a, "user": s}, (), {"agent": temperature, "user": temperature}, tag="cm:")
+        rep = collapse_meter(s, user_histories(res.episodes), M, labeler, temperature)
+    out = {"env": env, "agent": agent, "sim": sim, "temperature": temperature, **rep.to_dict()}
+    atomic_write_text(Path(out_path), json.dumps(out, indent=1))
+    return out
