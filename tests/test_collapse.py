@@ -27,3 +27,13 @@ def test_collapse_meter_cli(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     rep = json.loads(out.read_text())
     assert rep["M"] == 6 and len(rep["eps_per_history"]) >= 2 and 0 <= rep["eps_hat"] <= 1 and rep["eps_bar_H"] >= rep["eps_hat"] - 1e-9
+
+
+def test_embedding_labeler_groups_paraphrases():
+    from scope_nb.collapse import EmbeddingLabeler, eps_hat
+    lab = EmbeddingLabeler(threshold=0.75)
+    texts = ["No thanks, I'm busy.", "No thank you, I am too busy right now.", "Sorry, I'm busy, no thanks.",
+             "Sure, I'd love a cup of tea!", "Yes please, tea sounds lovely."]
+    labels = lab(texts)
+    assert labels[0] == labels[1] == labels[2] and labels[3] != labels[0]
+    assert abs(eps_hat(labels) - 0.4) < 1e-9
