@@ -8,7 +8,7 @@ import dataclasses, difflib, importlib.util, json, os, tomllib, typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from .envs import ENVS
+from .envs import ENVS, env_class
 from .grpo import ADVANTAGES, GRPOConfig
 from .models import PACKAGED_MODELS, model_installed
 
@@ -220,7 +220,7 @@ def _check_model(spec: str, key: str, env_vocab, role: str):
 def validate(cfg: Config) -> Config:
     "Semantic checks that need no model loaded; raises ConfigError naming the key and the fix."
     if cfg.env.name not in ENVS: raise ConfigError(f"env.name = {cfg.env.name!r}: unknown environment; known: {', '.join(ENVS)}")
-    vocab = ENVS[cfg.env.name].vocab
+    vocab = env_class(cfg.env.name).vocab
     g = cfg.grpo
     if g.advantage not in ADVANTAGES: raise ConfigError(f"grpo.advantage = {g.advantage!r}: use one of {ADVANTAGES}")
     if g.group_size < 1 or g.batch_tasks < 1: raise ConfigError("grpo.group_size and grpo.batch_tasks must be >= 1")

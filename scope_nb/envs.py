@@ -11,7 +11,7 @@ import numpy as np
 from .core import Conversation, ToolCall
 
 # %% auto #0
-__all__ = ['COLOURS', 'ECHO_WORDS', 'ASK_TOPICS', 'ENVS', 'Task', 'EnvState', 'Env', 'EchoEnv', 'AskEnv', 'make_env']
+__all__ = ['COLOURS', 'ECHO_WORDS', 'ASK_TOPICS', 'ENVS', 'Task', 'EnvState', 'Env', 'EchoEnv', 'AskEnv', 'env_class', 'make_env']
 
 # %% ../nbs/10_envs.ipynb #f24975e1
 @dataclass
@@ -130,9 +130,21 @@ class AskEnv(Env):
         return {"agent": float(said_yes), "user": 1.0 - float(said_yes)}
 
 # %% ../nbs/10_envs.ipynb #e0ad7a4c
-ENVS = {"echo": EchoEnv, "ask": AskEnv}
+ENVS = {"echo": EchoEnv, "ask": AskEnv, "p4g": "scope_nb.p4g:P4GEnv", "tau2-retail": "scope_nb.tau2:Tau2Retail",
+        "tau2-airline": "scope_nb.tau2:Tau2Airline", "cooperbench": "scope_nb.cooperbench:CooperBenchEnv"}
+
+def env_class(name: str):
+    "The class of environment `name` (benchmark environments are imported on first use)."
+    if name not in ENVS: raise ValueError(f"env.name: unknown environment {name!r}; known: {', '.join(ENVS)}")
+    c = ENVS[name]
+    if isinstance(c, str):
+        import importlib
+        mod, cls = c.split(":")
+        try: c = getattr(importlib.import_module(mod), cls)
+        except ImportError as e: raise ValueError(f"env.name = {name!r} needs {e.name}: install its extra (e.g. pip install 'scope_nb[tau2]')") from None
+    return c
 
 def make_env(name: str, max_turns: int | None = None) -> Env:
     "Build environment `name` from `ENVS`."
-    if name not in ENVS: raise ValueError(f"env.name: unknown environment {name!r}; known: {', '.join(ENVS)}")
-    return ENVS[name]() if max_turns is None else ENVS[name](max_turns=max_turns)
+    c = env_class(name)
+    return c() if max_turns is None else c(max_turns=max_turns)
