@@ -24,7 +24,7 @@ def llama_cpp_available() -> bool:
 
 class LlamaServer:
     "A llama.cpp OpenAI-compatible server for a packaged model or GGUF path, on a free loopback port."
-    def __init__(self, model: str = "smollm2", port: int | None = None, n_ctx: int = 4096, n_threads: int | None = None,
+    def __init__(self, model: str = "smollm2", port: int | None = None, n_ctx: int = 8192, n_threads: int | None = None,
                  extra_args: tuple[str, ...] = (), log_path: str | os.PathLike | None = None):
         self.model = model
         self.gguf = model_path(model) if model in PACKAGED_MODELS else Path(model)

@@ -9,7 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 import numpy as np
-from .training import Reply, Request, Speaker
+from .core import ToolCall
+from .training import Reply, Request, Speaker, parse_tool_calls
 from .verbalized import parse_vs, vs_draw, vs_instructions, vs_response_format, VSParse
 
 # %% auto #0
@@ -65,6 +66,7 @@ class CallResult:
     latency: float = 0.0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    tool_calls: list = field(default_factory=list)  # OpenAI tool calls of the answer, as scope_nb ToolCalls
 
     def info(self) -> dict:
         return {"attempts": self.attempts, "errors": self.errors, "latency": round(self.latency, 4),
@@ -97,22 +99,26 @@ class ApiSpeaker(Speaker):
         from openai import AsyncOpenAI
         return AsyncOpenAI(base_url=self.cfg.base_url, api_key=self._key(), timeout=self.cfg.timeout, max_retries=0)
 
-    async def _call(self, client, sem, messages, temperature, max_tokens=None, response_format=None) -> CallResult:
+    async def _call(self, client, sem, messages, temperature, max_tokens=None, response_format=None, tools=None) -> CallResult:
         import openai
         res, t0 = CallResult(None), time.perf_counter()
         kw = dict(model=self.cfg.model, messages=messages, temperature=temperature, max_tokens=max_tokens or self.cfg.max_tokens)
         if response_format: kw["response_format"] = response_format
+        if tools: kw["tools"] = tools
         if self.cfg.extra_body: kw["extra_body"] = self.cfg.extra_body
         for attempt in range(self.cfg.max_retries + 1):
             res.attempts = attempt + 1
             wait, kind = None, None
             try:
                 async with sem: out = await client.chat.completions.create(**kw)
-                text = out.choices[0].message.content if out.choices else None
+                msg = out.choices[0].message if out.choices else None
+                text = msg.content if msg else None
+                calls = [ToolCall(c.id or f"call_{k}", c.function.name, c.function.arguments or "{}")
+                         for k, c in enumerate(getattr(msg, "tool_calls", None) or []) if getattr(c, "function", None)]
                 if out.usage: res.prompt_tokens += out.usage.prompt_tokens or 0; res.completion_tokens += out.usage.completion_tokens or 0
-                if text is None or not text.strip(): kind = "empty"
+                if (text is None or not text.strip()) and not calls: kind = "empty"
                 else:
-                    res.text = text
+                    res.text, res.tool_calls = text, calls
                     break
             except openai.APITimeoutError: kind = "timeout"
             except openai.APIConnectionError: kind = "connection"
@@ -138,19 +144,24 @@ class ApiSpeaker(Speaker):
         return res
 
     async def _many(self, jobs) -> list[CallResult]:
-        "Run (messages, temperature, max_tokens, response_format) jobs concurrently under the concurrency limit."
+        "Run (messages, temperature, max_tokens, response_format, tools) jobs concurrently under the concurrency limit."
         client, sem = self._client(), asyncio.Semaphore(self.cfg.concurrency)
         try: return await asyncio.gather(*[self._call(client, sem, *j) for j in jobs])
         finally: await client.close()
 
     def complete(self, jobs) -> list[CallResult]:
-        "Sync entry point: run jobs of (messages, temperature, max_tokens, response_format)."
+        "Sync entry point: run jobs of (messages, temperature, max_tokens, response_format, tools)."
         return run_coro(self._many(jobs))
 
     def respond(self, requests, temperature=None):
         T = self.temperature if temperature is None else temperature
-        results = self.complete([(r.messages, T, None, None) for r in requests])
-        return [Reply(r.text, failed=r.failed, error=r.error, n_tokens=r.completion_tokens, info={"api": r.info()}) for r in results]
+        results = self.complete([(r.messages, T, None, None, r.tools) for r in requests])
+        out = []
+        for r in results:
+            content, calls = r.text, list(r.tool_calls)
+            if r.text and not calls and "<tool_call>" in r.text: content, calls = parse_tool_calls(r.text)  # text-format calls
+            out.append(Reply(content, calls, failed=r.failed, error=r.error, n_tokens=r.completion_tokens, info={"api": r.info()}))
+        return out
 
     def propose(self, requests, n: int = 5, method: str = "prob", attempts: int = 3, structured: str = "json_schema",
                 extra: str = "", temperature: float | None = None) -> list[dict]:
@@ -167,7 +178,7 @@ class ApiSpeaker(Speaker):
         for _ in range(attempts):
             if not todo: break
             budget = self.cfg.max_tokens * n + 64  # n replies plus the JSON around them
-            results = self.complete([(vs_messages(requests[i].messages), T, budget, fmt) for i in todo])
+            results = self.complete([(vs_messages(requests[i].messages), T, budget, fmt, None) for i in todo])
             nxt = []
             for i, r in zip(todo, results):
                 o = out[i]; o["attempts"] += 1; o["api"].append(r.info())
