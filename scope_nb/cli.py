@@ -98,6 +98,8 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--labeler", default="exact", help="exact | yes_no | embedding"); c.add_argument("--temperature", type=float, default=0.7)
     c.add_argument("--max-new-tokens", type=int, default=32); c.add_argument("--seed", type=int, default=0)
     c.add_argument("--out", default="runs/collapse-meter.json"); c.add_argument("--base-url", default=""); c.add_argument("--api-key-env", default="OPENAI_API_KEY")
+    rp = sub.add_parser("report", help="figures (PNG+SVG) and a best/final/AUC table from run folders")
+    rp.add_argument("runs", nargs="+", help="run folders (runs/<name>)"); rp.add_argument("--out", default="runs/report")
     d = sub.add_parser("demo", help="the main job on embedded defaults (currently: a short two-speaker conversation)")
     d.add_argument("--model", default="smollm2")
     d.add_argument("--rounds", type=int, default=3)
@@ -140,6 +142,10 @@ def main(argv: list[str] | None = None) -> int:
                                    args.max_new_tokens, args.seed, args.base_url, args.api_key_env or "")
             print(f"eps_hat {r['eps_hat']:.3f} (per history {[round(x, 3) for x in r['eps_per_history']]}), eps_bar_H {r['eps_bar_H']:.3f}, "
                   f"labeler {r['labeler']}, M {r['M']}; wrote {args.out}")
+        elif args.cmd == "report":
+            from scope_nb.report import report, table_markdown
+            res = report(args.runs, args.out)
+            print(table_markdown(res["table"]))
         elif args.cmd == "demo":
             demo_conversation(args.model, rounds=args.rounds, max_new_tokens=args.max_new_tokens, seed=args.seed)
     except (ModelNotFound, ValueError, RuntimeError, TimeoutError) as e:  # config, template, server start-up: user-fixable
