@@ -167,7 +167,8 @@ class ApiSpeaker(Speaker):
                 extra: str = "", temperature: float | None = None) -> list[dict]:
         "Verbalized proposals: per request a dict with `parse` (VSParse), `attempts`, `errors`, `api` (call info)."
         T = self.temperature if temperature is None else temperature
-        fmt, block = vs_response_format(n, method, structured), vs_instructions(n, method, extra)
+        # a grammar-constrained answer must fit the token budget: bound each candidate's length (llama.cpp honours it)
+        fmt, block = vs_response_format(n, method, structured, max_chars=3 * self.cfg.max_tokens), vs_instructions(n, method, extra)
         def vs_messages(msgs):
             msgs = [dict(m) for m in msgs]
             if msgs and msgs[0]["role"] == "system": msgs[0]["content"] = (msgs[0]["content"] or "") + "\n\n" + block
@@ -177,7 +178,7 @@ class ApiSpeaker(Speaker):
         todo = list(range(len(requests)))
         for _ in range(attempts):
             if not todo: break
-            budget = self.cfg.max_tokens * n + 64  # n replies plus the JSON around them
+            budget = (self.cfg.max_tokens + 24) * n + 64  # n replies plus the JSON around them
             results = self.complete([(vs_messages(requests[i].messages), T, budget, fmt, None) for i in todo])
             nxt = []
             for i, r in zip(todo, results):

@@ -33,9 +33,9 @@ def vs_instructions(n: int = 5, method: str = "prob", extra: str = "") -> str:
     lines.append(f"Return only one JSON object with {n} items, without code fences or any other text, shaped like:\n{example}")
     return "\n".join(lines)
 
-def vs_schema(n: int = 5, method: str = "prob") -> dict:
-    "JSON schema of a VS answer: an object with `responses`, exactly n items of {text, probability}."
-    props = {"text": {"type": "string"}}
+def vs_schema(n: int = 5, method: str = "prob", max_chars: int | None = None) -> dict:
+    "JSON schema of a VS answer: an object with `responses`, exactly n items of {text, probability}; `max_chars` bounds each text."
+    props = {"text": {"type": "string"} if max_chars is None else {"type": "string", "minLength": 1, "maxLength": max_chars}}
     if method == "prob": props["probability"] = {"type": "number"}
     item = {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
     return {"type": "object", "properties": {"responses": {"type": "array", "items": item, "minItems": n, "maxItems": n}},
@@ -43,10 +43,10 @@ def vs_schema(n: int = 5, method: str = "prob") -> dict:
 
 STRUCTURED = ("json_schema", "json_object_schema", "json_object", "none")
 
-def vs_response_format(n: int, method: str, structured: str = "json_schema") -> dict | None:
-    "The `response_format` request field: OpenAI json_schema, llama.cpp json_object+schema, plain json_object, or None."
+def vs_response_format(n: int, method: str, structured: str = "json_schema", max_chars: int | None = None) -> dict | None:
+    "The `response_format` request field: OpenAI json_schema, llama.cpp json_object+schema (texts bounded by `max_chars`, so the JSON fits the token budget), plain json_object, or None."
     if structured == "json_schema": return {"type": "json_schema", "json_schema": {"name": "verbalized_sampling", "schema": vs_schema(n, method), "strict": True}}
-    if structured == "json_object_schema": return {"type": "json_object", "schema": vs_schema(n, method)}
+    if structured == "json_object_schema": return {"type": "json_object", "schema": vs_schema(n, method, max_chars)}
     if structured == "json_object": return {"type": "json_object"}
     if structured == "none": return None
     raise ValueError(f"vs.structured: {structured!r} is not one of {STRUCTURED}")
