@@ -8,6 +8,7 @@ import json, os, re, shutil, signal, subprocess, tempfile, zlib
 from pathlib import Path
 from .core import Conversation, ToolCall
 from .envs import Env, EnvState, Task
+from .training import Reply, Speaker
 
 # %% auto #0
 __all__ = ['GIT_ENV', 'TOOLS', 'SETTINGS', 'cap_output', 'run_command', 'LocalSandbox', 'DockerBackend', 'fixture_root',
@@ -201,14 +202,11 @@ class CooperBenchEnv(Env):
         return {"agent": r, "user": r}
 
 # %% ../nbs/13_cooperbench.ipynb #a41e8d23
-class ScriptedCoder:
+class ScriptedCoder(Speaker):
     "A speaker that plays a fixed list of (content, [ToolCall]) turns and then finishes (for tests and demos)."
     def __init__(self, turns, name: str = "scripted-coder"):
-        from scope_nb.training import Speaker
-        self.turns, self.name, self.trainable, self.concurrent, self.api = list(turns), name, False, False, False
-    def reseed(self, seed): pass
+        self.turns, self.name = list(turns), name
     def respond(self, requests, temperature=None):
-        from scope_nb.training import Reply
         out = []
         for r in requests:
             k = sum(m["role"] == "assistant" for m in r.messages)

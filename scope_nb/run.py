@@ -191,7 +191,7 @@ def _train(cfg: Config, resume: bool, progress: bool, servers: Servers) -> Path:
             t0 = time.perf_counter()
             res = rollout(env, env.sample_tasks("train", cfg.grpo.batch_tasks, rng), cfg.grpo.group_size, speakers, roles, temps, step=step)
             row["time/rollout"] = time.perf_counter() - t0
-            row["time/sim_api"] = sum(s for n, s in res.seconds.items() if speakers["user"].api and n == speakers["user"].name)
+            row["time/sim_api"] = res.seconds.get(user.name, 0.0) if user.api else 0.0
             eps = res.episodes
             apply_sim_reward(eps, cfg.user.reward)
             write_jsonl(run_dir / "trajectories" / f"step_{step:06d}.jsonl", eps)

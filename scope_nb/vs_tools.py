@@ -43,18 +43,21 @@ def vs_summary(episodes, vs_speaker=None) -> dict:
         out["api"] = {k: s[k] for k in ("calls", "attempts", "retries", "failures", "prompt_tokens", "completion_tokens")} | {"errors": s["errors"]}
     return out
 
+def _speakers(e, specs, temperature, max_new_tokens, seed, base_url, api_key_env, servers, timeout=60.0, max_retries=4):
+    "Frozen speakers for the given (spec, name) pairs, sharing one set of local servers."
+    return [build_speaker(spec, SpeakerSection(model=spec, temperature=temperature, max_new_tokens=max_new_tokens, base_url=base_url,
+                                               api_key_env=api_key_env, timeout=timeout, max_retries=max_retries), e, name, seed + k, False, servers)
+            for k, (spec, name) in enumerate(specs)]
+
 def simulate_vs(out_dir, env: str = "ask", agent: str = "llama:smollm2", sim: str = "llama:smollm2", episodes: int = 10,
                 n: int = 5, method: str = "prob", attempts: int = 3, structured: str = "auto", on_failure: str = "plain",
                 temperature: float = 0.7, max_new_tokens: int = 48, seed: int = 0, base_url: str = "",
                 api_key_env: str = "OPENAI_API_KEY", timeout: float = 60.0, max_retries: int = 4) -> dict:
     "Run `episodes` dialogues (frozen agent vs VS simulator) and write episodes.jsonl + summary.json to `out_dir`."
     e = make_env(env)
-    sec = SpeakerSection(model=sim, temperature=temperature, max_new_tokens=max_new_tokens, base_url=base_url,
-                         api_key_env=api_key_env, timeout=timeout, max_retries=max_retries)
     with Servers() as servers:
-        a = build_speaker(agent, SpeakerSection(model=agent, temperature=temperature, max_new_tokens=max_new_tokens, base_url=base_url,
-                                                api_key_env=api_key_env, timeout=timeout, max_retries=max_retries), e, "agent", seed, False, servers)
-        base = build_speaker(sim, sec, e, "user", seed + 1, False, servers)
+        a, base = _speakers(e, [(agent, "agent"), (sim, "user")], temperature, max_new_tokens, seed, base_url, api_key_env, servers,
+                            timeout, max_retries)
         if structured == "auto": structured = "json_object_schema" if sim.startswith("llama:") else "json_schema"
         vs = Verbalized(base, n, method, attempts, structured, on_failure, seed=seed)
         pool = e.tasks("test") or e.tasks("train")
@@ -74,9 +77,7 @@ def run_collapse_meter(out_path, env: str = "ask", agent: str = "llama:smollm2",
     from scope_nb.collapse import collapse_meter, user_histories
     e = make_env(env)
     with Servers() as servers:
-        mk = lambda spec, name, k: build_speaker(spec, SpeakerSection(model=spec, temperature=temperature, max_new_tokens=max_new_tokens,
-                                                                      base_url=base_url, api_key_env=api_key_env), e, name, seed + k, False, servers)
-        a, s = mk(agent, "agent", 0), mk(sim, "user", 1)
+        a, s = _speakers(e, [(agent, "agent"), (sim, "user")], temperature, max_new_tokens, seed, base_url, api_key_env, servers)
         pool = e.tasks("test") or e.tasks("train")
         res = rollout(e, [pool[i % len(pool)] for i in range(episodes)], 1, {"agent": a, "user": s}, (), {"agent": temperature, "user": temperature}, tag="cm:")
         rep = collapse_meter(s, user_histories(res.episodes), M, labeler, temperature)
