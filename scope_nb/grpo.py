@@ -110,9 +110,10 @@ class GRPOTrainer:
         return stats
 
 # %% ../nbs/32_grpo.ipynb #3e380850
-def role_items(episodes: list[Episode], role: str, mode: str = "zscore", mask_truncated: bool = False):
-    "(trajectory, advantage) pairs for `role` over all groups, and per-group (rewards, zero-variance) records."
-    items, groups = [], []
+def role_items(episodes: list[Episode], role: str, mode: str = "zscore", mask_truncated: bool = False, baseline: str = "group"):
+    "(trajectory, advantage) pairs for `role`, and per-group (rewards, zero-variance) records; `baseline` 'batch' normalises over all groups at once."
+    if baseline not in ("group", "batch"): raise ValueError(f"baseline {baseline!r}: use 'group' or 'batch'")
+    items, groups, pooled = [], [], []
     for g in group_episodes(episodes):
         eps = [e for e in g.episodes if e.status != "failed" and not (mask_truncated and e.status == "truncated")
                and role in e.trajectories and e.rewards.get(role) is not None]
@@ -120,7 +121,11 @@ def role_items(episodes: list[Episode], role: str, mode: str = "zscore", mask_tr
         r = [e.rewards[role] for e in eps]
         adv, zero = group_advantages(r, mode)
         groups.append((r, zero))
-        items += [(e.trajectories[role], float(a)) for e, a in zip(eps, adv)]
+        if baseline == "batch": pooled += eps
+        else: items += [(e.trajectories[role], float(a)) for e, a in zip(eps, adv)]
+    if pooled:
+        adv, _ = group_advantages([e.rewards[role] for e in pooled], mode)
+        items = [(e.trajectories[role], float(a)) for e, a in zip(pooled, adv)]
     return items, groups
 
 def group_stats(groups, success: float = 1.0, failure: float = 0.0) -> dict:

@@ -41,6 +41,8 @@ def method_label(cfg: dict) -> str:
     "A Table-1 style method name from a resolved config."
     u = cfg.get("user", {})
     if not cfg: return "unknown"
+    if cfg.get("run", {}).get("method"): return cfg["run"]["method"]   # an explicit label (experiment registry arms)
+    if cfg.get("run", {}).get("steps") == 0: return "Base"
     if u.get("model") == "same": return "Self-play"
     if u.get("mode") == "pool": return "Population Co-Training"
     if u.get("train"): return "Co-Training"
@@ -127,7 +129,7 @@ def _save(fig, out: Path, name: str) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     paths = [out / f"{name}.png", out / f"{name}.svg"]
-    for p in paths: fig.savefig(p, dpi=130)
+    for p in paths: fig.savefig(p, dpi=130, bbox_inches="tight")
     plt.close(fig)
     return paths
 
@@ -145,21 +147,28 @@ def _bands(ax, groups, key, label_suffix="", ls="-"):
 def fig_series(groups, key: str, title: str, ylabel: str, out: Path, name: str) -> list[Path]:
     "One metric per method over steps, mean ± 1σ over seeds."
     fig, ax = _fig(title, ylabel)
-    if _bands(ax, groups, key): ax.legend(fontsize=7)
+    if _bands(ax, groups, key): ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
     else: ax.text(0.5, 0.5, f"no {key} in these runs", ha="center", transform=ax.transAxes)
     return _save(fig, out, name)
 
 def fig_eval_reward(groups, out: Path) -> list[Path]:
-    "Held-out eval reward: overall (solid), seen (dashed) and unseen (dotted) simulators, mean ± 1σ over seeds."
-    fig, ax = _fig("Held-out eval reward", "reward")
-    drawn = _bands(ax, groups, "eval/mean")
-    for key, ls in (("eval/seen", "--"), ("eval/unseen", ":")):
-        for i, (method, runs) in enumerate(groups.items()):
-            b = seed_band(runs, key)
-            if b is not None and any(r.series("eval/unseen")[0].size for r in runs):
-                ax.plot(b[0], b[1], ls, color=f"C{i}", lw=1, label=f"{method} ({key.split('/')[1]})")
-    if drawn: ax.legend(fontsize=6)
-    return _save(fig, out, "eval_reward")
+    "Held-out eval reward: all panel simulators, the seen ones and the unseen ones in three panels, mean ± 1σ over seeds."
+    import matplotlib
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.4), sharey=True)
+    for ax, (key, title) in zip(axes, (("eval/mean", "all panel simulators"), ("eval/seen", "seen simulators"), ("eval/unseen", "unseen simulators"))):
+        ax.set(title=f"Held-out eval reward: {title}", xlabel="training step"); ax.grid(alpha=0.3); ax.title.set_fontsize(9)
+        if not _bands(ax, groups, key): ax.text(0.5, 0.5, f"no {key} in these runs", ha="center", transform=ax.transAxes)
+    axes[0].set_ylabel("reward")
+    handles, labels = axes[0].get_legend_handles_labels()
+    if handles: fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7)
+    fig.tight_layout()
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "eval_reward.png", out / "eval_reward.svg"]
+    for p in paths: fig.savefig(p, dpi=130, bbox_inches="tight")
+    plt.close(fig)
+    return paths
 
 def fig_group_fractions(groups, out: Path) -> list[Path]:
     "Fractions of zero-variance, all-success and all-failure groups, one panel each (paper Fig. 19)."
@@ -171,7 +180,9 @@ def fig_group_fractions(groups, out: Path) -> list[Path]:
                                       ("train/frac_all_failure", "all failure"))):
         ax.set(title=f"groups with {title}", xlabel="training step"); ax.grid(alpha=0.3)
         _bands(ax, groups, key)
-    axes[0].set_ylabel("fraction of groups"); axes[0].legend(fontsize=7)
+    axes[0].set_ylabel("fraction of groups")
+    handles, labels = axes[0].get_legend_handles_labels()
+    if handles: fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7)
     return _save(fig, out, "group_fractions")
 
 # %% ../nbs/41_report.ipynb #da0ade61
@@ -189,6 +200,12 @@ def report(run_dirs, out_dir, echo=print) -> dict:
     figs += fig_group_fractions(groups, out)
     figs += fig_series(groups, "train/turns", "Agent turns per episode", "turns", out, "turns")
     figs += fig_series(groups, "sim/reward", "Simulator reward", "reward", out, "sim_reward")
+    has = lambda k: any(r.series(k)[0].size for rs in groups.values() for r in rs)
+    if has("sim/entropy"): figs += fig_series(groups, "sim/entropy", "Simulator policy entropy (trained simulators)", "nats / token", out, "sim_entropy")
+    if has("sim/collapse_eps"): figs += fig_series(groups, "sim/collapse_eps", "Simulator collapse error ε̂_φ (direct meter)", "ε̂_φ", out, "collapse_eps")
+    if any(r.config.get("env", {}).get("name") == "lab" for rs in groups.values() for r in rs):
+        from scope_nb.lab import fig_lab_strategies
+        figs += fig_lab_strategies(groups, out)
     rows = results_table(groups)
     atomic_write_text(out / "table.md", table_markdown(rows))
     atomic_write_text(out / "table.json", json.dumps(rows, indent=1))

@@ -138,7 +138,8 @@ def train(cfg: Config, resume: bool = False, progress: bool = True) -> Path:
 
     Departures from the paper's loop: evaluation uses the environment's test split (the released P4G code drew eval
     tasks from the training split); every step's trajectories and every eval are kept in their own files (the release
-    overwrote eval files); trajectories, metrics and checkpoints are written so that a killed run resumes exactly.
+    overwrote eval files); trajectories, metrics and checkpoints are written so that a killed run resumes exactly; a
+    simulator trained with the curriculum reward gets batch-normalised advantages (the reward is constant within a group).
     See `32_grpo` for the departures of the update itself."""
     run_dir = cfg.run_dir
     mpath = run_dir / "metrics.jsonl"
@@ -199,7 +200,8 @@ def _train(cfg: Config, resume: bool, progress: bool, servers: Servers) -> Path:
             for name, tr in trainers.items():
                 items = []
                 for r in plays[name]:
-                    it, groups = role_items(eps, r, cfg.grpo.advantage, cfg.grpo.mask_truncated)
+                    batch_baseline = r == "user" and cfg.user.reward == "curriculum"   # group-constant reward (see 32_grpo)
+                    it, groups = role_items(eps, r, cfg.grpo.advantage, cfg.grpo.mask_truncated, "batch" if batch_baseline else "group")
                     items += it
                     if r == "agent": row.update({f"train/{k}": v for k, v in group_stats(groups).items()})
                 st = tr.step(items)

@@ -187,9 +187,12 @@ class Servers:
 SCRIPTED_FNS = {"echo": echo_user}
 
 def build_speaker(spec: str, sec, env, name: str, seed: int, trainable: bool = False, servers: Servers | None = None) -> Speaker:
-    "A speaker from a model spec: llama:<model>, api:<model>, tiny, scripted:<name>, a packaged model name or a path."
+    "A speaker from a model spec: llama:<model>, api:<model>, tiny, scripted:<name>, lab specs (14_lab), a packaged model name or a path."
     T, max_new = getattr(sec, "temperature", 0.7), getattr(sec, "max_new_tokens", 64)
     if spec.startswith("scripted:"): return ScriptedSpeaker(SCRIPTED_FNS[spec.split(":", 1)[1]], name)
+    if spec == "lab-agent" or spec.startswith(("lab:", "lab-user:")):   # the collapse lab's speakers (14_lab)
+        from scope_nb.lab import lab_speaker
+        return lab_speaker(spec, name, seed, trainable, T, max_new, getattr(sec, "hidden", 32), getattr(sec, "layers", 1))
     if spec.startswith(("llama:", "api:")):
         kind, model = spec.split(":", 1)
         common = dict(timeout=getattr(sec, "timeout", 60.0), max_retries=getattr(sec, "max_retries", 4),

@@ -1,0 +1,105 @@
+"""The collapse lab through the real engine: the collapse signature of RL (Single) over 3 seeds, the Ensemble fix,
+the experiment runner (resume, report), and the cpu-llm P4G run with two llama.cpp-served simulator families."""
+import json, subprocess, sys
+from pathlib import Path
+import numpy as np
+import pytest
+from scope_nb.experiments import experiment_configs, run_experiment
+from scope_nb.report import load_run
+
+SEEDS = (0, 1, 2)
+
+
+def _series(run: Path, key: str) -> np.ndarray:
+    rows = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines() if l.strip()]
+    return np.array([r[key] for r in rows if r.get(key) is not None], float)
+
+
+@pytest.fixture(scope="module")
+def lab_runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("lab")
+    res = run_experiment("collapse-lab", "lab", SEEDS, str(out), jobs=2, arms=["rl-single", "ensemble"], progress=False)
+    assert res["errors"] == {}
+    return out / "collapse-lab" / "lab", res
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_rl_single_collapse_signature(lab_runs, seed):
+    "Against the most modal simulator: reward rises, held-out ends below its peak, entropy < 1/4 of start, zero-variance rises."
+    run = lab_runs[0] / f"rl-single-s{seed}"
+    train, ent, zv, unseen = (_series(run, k) for k in ("train/reward", "train/entropy", "train/frac_reward_zero_std", "eval/unseen"))
+    assert len(train) == 120
+    assert train[-10:].mean() > train[:10].mean() + 0.3, (train[:10].mean(), train[-10:].mean())
+    assert unseen[-1] < unseen.max() - 0.15, (unseen.max(), unseen[-1])
+    assert ent[-5:].mean() < 0.25 * ent[0], (ent[0], ent[-5:].mean())
+    assert zv[-10:].mean() > zv[:10].mean() + 0.3, (zv[:10].mean(), zv[-10:].mean())
+
+
+def test_ensemble_fix_keeps_heldout_reward(lab_runs):
+    "The K=3 ensemble of seen families ends far above RL (Single) on the unseen families, seed by seed."
+    for s in SEEDS:
+        single, ens = (_series(lab_runs[0] / f"{a}-s{s}", "eval/unseen")[-1] for a in ("rl-single", "ensemble"))
+        assert ens > single + 0.25, (s, single, ens)
+
+
+def test_lab_report(lab_runs):
+    out, res = lab_runs
+    rep = out / "report"
+    for f in ("training_reward", "eval_reward", "entropy", "group_fractions", "lab_strategies"):
+        assert (rep / f"{f}.png").stat().st_size > 5000 and (rep / f"{f}.svg").exists()
+    rows = {(r["method"], r["metric"]): r for r in res["table"]}
+    assert rows[("RL (Single)", "eval/unseen")]["seeds"] == 3
+    assert rows[("RL (Single)", "eval/unseen")]["final"] < rows[("RL + Ensemble (K=3)", "eval/unseen")]["final"]
+
+
+def test_experiment_resumes_an_interrupted_run(tmp_path):
+    "A run killed halfway (metrics cut after step 6, checkpoint at 5) is resumed, not restarted, and ends identical."
+    kw = dict(seeds=(0,), jobs=1, arms=["rl-single"], steps=10, progress=False, echo=lambda *a: None)
+    (a, b) = (tmp_path / "a", tmp_path / "b")
+    run_experiment("collapse-lab", "lab", out=str(a), **kw)
+    cfg = experiment_configs("collapse-lab", "lab", (0,), str(b), ["rl-single"], 10)[0]
+    d = dict(json.loads(json.dumps(__import__("scope_nb.config", fromlist=["to_dict"]).to_dict(cfg))))
+    d["checkpoint"]["every"] = 5
+    from scope_nb.config import Config, from_dict, validate
+    from scope_nb.run import train
+    cfg5 = validate(from_dict(Config, d))
+    train(cfg5, progress=False)
+    m = cfg5.run_dir / "metrics.jsonl"
+    lines = m.read_text().splitlines()
+    m.write_text("\n".join(lines[:7]) + "\n" + lines[7][: len(lines[7]) // 2])   # steps 0..6 and a torn line
+    import shutil
+    shutil.rmtree(cfg5.run_dir / "checkpoints" / "step_000010")
+    (cfg5.run_dir / "checkpoints" / "latest.json").write_text(json.dumps({"step": 5, "path": "step_000005"}))
+    res = run_experiment("collapse-lab", "lab", out=str(b), **kw)
+    assert res["errors"] == {}
+    ra, rb = load_run(a / "collapse-lab" / "lab" / "rl-single-s0"), load_run(cfg5.run_dir)
+    strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("time/") and k != "wall_time"} for r in rows]
+    assert [r["step"] for r in rb.rows] == list(range(11))
+    assert strip(ra.rows) == strip(rb.rows)
+
+
+def test_cli_experiment_show_writes_gpu_configs(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "scope_nb.cli", "experiment", "show", "table1-tau2-retail", "--scale", "gpu", "--out", str(tmp_path)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    files = sorted(tmp_path.glob("*.toml"))
+    assert len(files) == 7
+    text = (tmp_path / "table1-tau2-retail-gpu-population-s0.toml").read_text()
+    assert 'mode = "pool"' in text and "lr = 1e-06" in text and "batch_tasks = 16" in text
+    r = subprocess.run([sys.executable, "-m", "scope_nb.cli", "experiment", "run", "table1-p4g", "--scale", "gpu"], capture_output=True, text=True)
+    assert r.returncode == 2 and "launch/" in r.stderr
+
+
+@pytest.mark.slow
+def test_cpu_llm_p4g_two_families(tmp_path):
+    "SmolLM2 agent on P4G against a rotation of two llama.cpp-served families (SmolLM2, Gemma-3-270M), 10 steps, then the report."
+    res = run_experiment("table1-p4g", "cpu-llm", (0,), str(tmp_path), jobs=1, arms=["ensemble"], progress=False)
+    assert res["errors"] == {}, res["errors"]
+    run = tmp_path / "table1-p4g" / "cpu-llm" / "ensemble-s0"
+    rows = load_run(run).rows
+    assert rows[-1]["step"] == 10 and all(r.get("train/frac_failed", 0) < 1 for r in rows[1:])
+    members = {t["member"] for f in (run / "trajectories").glob("*.jsonl") for l in f.read_text().splitlines()
+               for t in json.loads(l)["info"].get("turns", []) if "member" in t}
+    assert len(members) == 2, members
+    assert {"eval/smollm2/reward", "eval/gemma3-270m/reward"} <= set(rows[-1])
+    assert (tmp_path / "table1-p4g" / "cpu-llm" / "report" / "eval_reward.png").exists()
