@@ -59,7 +59,7 @@ def test_experiment_resumes_an_interrupted_run(tmp_path):
     run_experiment("collapse-lab", "lab", out=str(a), **kw)
     cfg = experiment_configs("collapse-lab", "lab", (0,), str(b), ["rl-single"], 10)[0]
     d = dict(json.loads(json.dumps(__import__("scope_nb.config", fromlist=["to_dict"]).to_dict(cfg))))
-    d["checkpoint"]["every"] = 5
+    d["checkpoint"]["every"], d["checkpoint"]["keep"] = 5, 3
     from scope_nb.config import Config, from_dict, validate
     from scope_nb.run import train
     cfg5 = validate(from_dict(Config, d))
@@ -79,14 +79,14 @@ def test_experiment_resumes_an_interrupted_run(tmp_path):
 
 
 def test_cli_experiment_show_writes_gpu_configs(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "scope_nb.cli", "experiment", "show", "table1-tau2-retail", "--scale", "gpu", "--out", str(tmp_path)],
+    r = subprocess.run([str(Path(sys.executable).parent / "scope"), "experiment", "show", "table1-tau2-retail", "--scale", "gpu", "--out", str(tmp_path)],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     files = sorted(tmp_path.glob("*.toml"))
     assert len(files) == 7
     text = (tmp_path / "table1-tau2-retail-gpu-population-s0.toml").read_text()
     assert 'mode = "pool"' in text and "lr = 1e-06" in text and "batch_tasks = 16" in text
-    r = subprocess.run([sys.executable, "-m", "scope_nb.cli", "experiment", "run", "table1-p4g", "--scale", "gpu"], capture_output=True, text=True)
+    r = subprocess.run([str(Path(sys.executable).parent / "scope"), "experiment", "run", "table1-p4g", "--scale", "gpu"], capture_output=True, text=True)
     assert r.returncode == 2 and "launch/" in r.stderr
 
 
