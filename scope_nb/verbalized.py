@@ -92,22 +92,23 @@ def _loads(s: str):
         except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError): pass
     return None
 
+_MAX_OPENERS = 4   # bounded: each opener tries every matching closer
+
 def _find_json(text: str):
-    "The first dict/list that parses, trying fenced blocks, the whole text, then each '{' or '[' to its last matching closer."
+    "The first dict/list that parses, trying fenced blocks, the whole text, then the first few '{' or '[' each to its last matching closer."
     blocks = _FENCE.findall(text) + [text]
     for b in blocks:
         b = b.strip()
         v = _loads(b)
         if isinstance(v, (dict, list)): return v
-        for i, ch in enumerate(b):
-            if ch not in "{[": continue
-            close = "}" if ch == "{" else "]"
+        openers = [i for i, ch in enumerate(b) if ch in "{["][:_MAX_OPENERS]  # prose before the JSON may hold a bracket
+        for i in openers:
+            close = "}" if b[i] == "{" else "]"
             j = b.rfind(close)
             while j > i:
                 v = _loads(b[i:j + 1])
                 if isinstance(v, (dict, list)): return v
                 j = b.rfind(close, i, j)
-            break  # only the first opener; later ones are inside it or prose
     return None
 
 def parse_vs(text, n: int = 5) -> VSParse:

@@ -25,7 +25,7 @@ def vs_outputs(draw):
     except ValueError: text = repr(payload)
     clean = style == "json" or "nan" not in text   # a Python repr of nan is not a literal anyone can parse
     if draw(st.booleans()): text = "```json\n" + text + "\n```"
-    if draw(st.booleans()): text = draw(word_text) + "\n" + text + "\n" + draw(word_text); clean = clean and "{" not in text.split("\n")[0]
+    if draw(st.booleans()): text = draw(word_text) + "\n" + text + "\n" + draw(word_text); clean = clean and not set("{[") & set(text.split("\n")[0])
     if draw(st.booleans()): text = text.replace("}]", "},]", 1)              # trailing comma
     mut = draw(st.sampled_from(["none", "truncate", "delete", "insert", "garbage"]))
     if mut == "truncate" and text: text = text[: draw(st.integers(0, len(text) - 1))]; clean = False
