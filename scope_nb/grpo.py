@@ -63,8 +63,39 @@ class GRPOTrainer:
         self.policy, self.cfg, self.temperature = policy, cfg, temperature
         self.model = policy.model
         self.ref = copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
-        self.opt = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=cfg.lr,
-                                     betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
+        self.opt = self._optimizer()
+
+    def _optimizer(self):
+        cfg = self.cfg
+        return torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=cfg.lr, betas=tuple(cfg.betas),
+                                 weight_decay=cfg.weight_decay)
+
+    # data-parallel backends (35_fsdp) override these three: which items this process computes, how much each
+    # process's loss counts, and how per-process statistics are summed
+    def _local(self, items: list) -> list: return items
+    def _loss_scale(self) -> float: return 1.0
+    def _sum(self, stats: dict) -> dict: return stats
+
+    def _micro_loss(self, micro, n_tok: int, stats: dict) -> torch.Tensor:
+        "Token-level clipped surrogate + entropy bonus + k3 KL of one micro-batch, normalised by the minibatch's tokens."
+        cfg, pad = self.cfg, self.policy.pad_id
+        seqs = [t.token_ids for t, _ in micro]
+        lp, ent, att = token_logprobs(self.model, seqs, self.temperature, pad)
+        L = lp.shape[1]
+        def pad_to(xs, v): return torch.tensor([x + [v] * (L - len(x)) for x in xs], dtype=torch.float32)
+        mask = pad_to([t.loss_mask for t, _ in micro], 0)
+        old = pad_to([t.logprobs for t, _ in micro], 0.0)
+        adv = torch.tensor([a for _, a in micro], dtype=torch.float32)[:, None].expand(-1, L)
+        surr, clipped = clipped_surrogate(lp, old, adv, cfg.clip_low, cfg.clip_high)
+        loss_tok = -surr - cfg.entropy_coef * ent
+        if self.ref is not None:
+            with torch.no_grad(): ref_lp, _, _ = token_logprobs(self.ref, seqs, self.temperature, pad, with_entropy=False)
+            kl = k3_kl(lp, ref_lp)
+            loss_tok = loss_tok + cfg.kl_coef * kl
+            stats["kl"] += float((kl.detach() * mask).sum())
+        stats["clipfrac"] += float((clipped.float() * mask).sum())
+        stats["entropy"] += float((ent.detach() * mask).sum())
+        return (loss_tok * mask).sum() / n_tok
 
     def step(self, items: list[tuple[RoleTrajectory, float]]) -> dict:
         "One GRPO update on (trajectory, advantage) pairs; returns loss, kl, clipfrac, grad_norm, entropy, tokens."
@@ -75,38 +106,22 @@ class GRPOTrainer:
         self.model.train()
         n_upd = max(1, min(cfg.updates_per_batch, len(items)))
         minibatches = [items[k::n_upd] for k in range(n_upd)]
-        pad = self.policy.pad_id
+        sums = dict(loss=0.0, kl=0.0, clipfrac=0.0, entropy=0.0)
         for mb in minibatches:
-            n_tok = sum(t.n_generated for t, _ in mb)
+            n_tok = sum(t.n_generated for t, _ in mb)   # every process sees every item, so this is the global count
+            local = self._local(mb)
             self.opt.zero_grad(set_to_none=True)
-            for k in range(0, len(mb), cfg.micro_batch):
-                micro = mb[k:k + cfg.micro_batch]
-                seqs = [t.token_ids for t, _ in micro]
-                lp, ent, att = token_logprobs(self.model, seqs, self.temperature, pad)
-                L = lp.shape[1]
-                def pad_to(xs, v): return torch.tensor([x + [v] * (L - len(x)) for x in xs], dtype=torch.float32)
-                mask = pad_to([t.loss_mask for t, _ in micro], 0)
-                old = pad_to([t.logprobs for t, _ in micro], 0.0)
-                adv = torch.tensor([a for _, a in micro], dtype=torch.float32)[:, None].expand(-1, L)
-                surr, clipped = clipped_surrogate(lp, old, adv, cfg.clip_low, cfg.clip_high)
-                loss_tok = -surr - cfg.entropy_coef * ent
-                if self.ref is not None:
-                    with torch.no_grad(): ref_lp, _, _ = token_logprobs(self.ref, seqs, self.temperature, pad, with_entropy=False)
-                    kl = k3_kl(lp, ref_lp)
-                    loss_tok = loss_tok + cfg.kl_coef * kl
-                    stats["kl"] += float((kl.detach() * mask).sum())
-                loss = (loss_tok * mask).sum() / n_tok
-                loss.backward()
-                stats["loss"] += float(loss.detach()) / n_upd
-                stats["clipfrac"] += float((clipped.float() * mask).sum())
-                stats["entropy"] += float((ent.detach() * mask).sum())
+            for k in range(0, len(local), cfg.micro_batch):
+                loss = self._micro_loss(local[k:k + cfg.micro_batch], n_tok, sums)
+                (loss * self._loss_scale()).backward()
+                sums["loss"] += float(loss.detach()) / n_upd
             gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
             stats["grad_norm"] += float(gn) / n_upd
             self.opt.step()
         self.model.eval()
+        sums = self._sum(sums)
         total = sum(t.n_generated for t, _ in items)
-        for k in ("kl", "clipfrac", "entropy"): stats[k] /= total
-        stats["tokens"] = total
+        stats.update(loss=sums["loss"], kl=sums["kl"] / total, clipfrac=sums["clipfrac"] / total, entropy=sums["entropy"] / total, tokens=total)
         return stats
 
 # %% ../nbs/32_grpo.ipynb #3e380850
