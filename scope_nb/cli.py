@@ -112,6 +112,11 @@ def _parser() -> argparse.ArgumentParser:
     xr.add_argument("--scale", default="lab", choices=["lab", "cpu-llm", "gpu"]); xr.add_argument("--seeds", type=int, default=3)
     xr.add_argument("--out", default="runs/experiments"); xr.add_argument("--jobs", type=int, default=2, help="runs side by side (processes)")
     xr.add_argument("--arms", default="", help="comma-separated subset of arms"); xr.add_argument("--steps", type=int, default=None, help="override run.steps")
+    la = sub.add_parser("launch", help="gpu-scale run of one experiment arm (launch/ wraps this); `scope launch stop RUN_DIR` stops it")
+    la.add_argument("experiment", help="experiment name, or 'stop'"); la.add_argument("arm", help="arm name (or the run folder after 'stop')")
+    la.add_argument("--dry-run", action="store_true", help="print config, placement, processes and checks; start nothing")
+    la.add_argument("--seed", type=int, default=0); la.add_argument("--settings", default="paper", choices=["paper", "release"])
+    la.add_argument("--gpus", type=int, default=8); la.add_argument("--base-port", type=int, default=30000); la.add_argument("--out", default="runs/gpu")
     d = sub.add_parser("demo", help="the main job on embedded defaults: the collapse lab comparison (figures + table)")
     d.add_argument("--seeds", type=int, default=1); d.add_argument("--out", default="runs/demo"); d.add_argument("--jobs", type=int, default=2)
     d.add_argument("--conversation", action="store_true", help="instead: a short conversation between two SmolLM2 speakers")
@@ -180,6 +185,10 @@ def main(argv: list[str] | None = None) -> int:
             res = report(args.runs, args.out)
             print(table_markdown(res["table"]))
         elif args.cmd == "experiment": _experiment(args)
+        elif args.cmd == "launch":
+            from scope_nb.launch import launch, stop_recorded
+            if args.experiment == "stop": print("\n".join(stop_recorded(args.arm)))
+            else: return launch(args.experiment, args.arm, args.seed, args.settings, args.out, args.gpus, args.base_port, args.dry_run)
         elif args.cmd == "demo":
             if args.conversation: demo_conversation(args.model, rounds=args.rounds, max_new_tokens=args.max_new_tokens, seed=args.seed)
             else:

@@ -1,0 +1,5 @@
+#!/usr/bin/env bash
+# Figure 3: RL (Single) vs haiku-4.5 at the paper's settings (`scope experiment show fig3-modality --scale gpu` prints them).
+# Options: --dry-run, --settings release, --seed N, --gpus N, --base-port P, --out DIR; `scope launch stop RUN_DIR` stops it.
+set -euo pipefail
+exec "${SCOPE:-scope}" launch fig3-modality single-haiku-4.5 "$@"
