@@ -184,6 +184,7 @@ class LocalPolicy(Speaker):
         self.generator = torch.Generator().manual_seed(seed)
         self.seed = seed
         self.history_seeded = False  # True: each reply is a deterministic function of (seed, episode group, history)
+        self.engine = None           # optional generation backend with .generate(prompts, max_new, T, eos_ids) -> [Sample]
         eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         self.eos_ids = sorted({tokenizer.eos_token_id} | set(eos if isinstance(eos, list) else [eos] if eos is not None else []))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -214,7 +215,9 @@ class LocalPolicy(Speaker):
         if self.history_seeded:  # the agent randomness ξπ of Eq. 6: fixed per group, independent across histories
             gens = [torch.Generator().manual_seed(zlib.crc32(f"{self.seed}|{r.key.rsplit('/', 1)[0]}|{p}".encode()))
                     for r, p in zip(requests, prompts)]
-        samples = sample_batch(self.model, prompts, self.max_new_tokens, T, self.eos_ids, self.pad_id, self.generator, gens)
+        if self.engine is not None:   # a rollout engine (e.g. SGLang, 37_sglang): token ids in, token ids and logprobs out
+            samples = self.engine.generate(prompts, self.max_new_tokens, T, self.eos_ids)
+        else: samples = sample_batch(self.model, prompts, self.max_new_tokens, T, self.eos_ids, self.pad_id, self.generator, gens)
         replies = []
         for r, s, smp, prompt_text in zip(requests, streams, samples, texts):
             gen_ids = smp.ids[:-1] if smp.eos else smp.ids
