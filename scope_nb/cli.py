@@ -82,6 +82,9 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a setting, e.g. --set grpo.lr=1e-5")
     t.add_argument("--resume", action="store_true", help="continue the run in run.out_dir/run.name from its latest checkpoint")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.add_argument("--backend", default="local", choices=["local", "ray"], help="ray: rollouts on Ray worker actors, updates in a trainer actor")
+    t.add_argument("--workers", type=int, default=2, help="rollout workers for --backend ray")
+    t.add_argument("--ray-address", default=None, help="an existing Ray cluster (default: start a local one)")
     v = sub.add_parser("simulate-vs", help="N dialogues of a frozen agent against a Verbalized Sampling simulator; JSONL + summary")
     v.add_argument("--env", default="ask"); v.add_argument("--agent", default="llama:smollm2"); v.add_argument("--sim", default="llama:smollm2")
     v.add_argument("--episodes", type=int, default=10); v.add_argument("--n", type=int, default=5)
@@ -165,7 +168,13 @@ def main(argv: list[str] | None = None) -> int:
             cfg = load_config(args.config, args.overrides)
             if args.resume and (cfg.run_dir / "config.toml").exists():  # resume with the run's own resolved config
                 cfg = load_config(cfg.run_dir / "config.toml", args.overrides)
-            run_dir = train(cfg, resume=args.resume, progress=not args.no_progress)
+            backend = None
+            if args.backend == "ray":
+                from scope_nb.ray_backend import RayBackend
+                backend = RayBackend(cfg, args.workers, args.ray_address)
+            try: run_dir = train(cfg, resume=args.resume, progress=not args.no_progress, backend=backend)
+            finally:
+                if backend is not None: backend.close()
             print(f"run folder: {run_dir}")
         elif args.cmd == "simulate-vs":
             from scope_nb.vs_tools import simulate_vs

@@ -40,6 +40,7 @@ class SpeakerSection:
     train: bool = False
     temperature: float = 0.7
     max_new_tokens: int = 32
+    seeding: str = "batch"   # local policies: batch (one generator per call) | episode (per-episode generators: batching-independent)
     reward: str = "env"      # user only: env | adversarial | cooperative | curriculum (paper Table 9)
     hidden: int = 32         # tiny policies only
     layers: int = 1          # tiny policies only
@@ -243,6 +244,8 @@ def validate(cfg: Config) -> Config:
         _check_model(s.model, f"{role}.model", vocab, role)
         if s.max_new_tokens < 1: raise ConfigError(f"{role}.max_new_tokens must be >= 1")
         if s.train and s.model.startswith(("scripted:", "llama:", "api:", "lab:")): raise ConfigError(f"{role}.train = true but {role}.model = {s.model!r} has no local weights to train")
+    for role in ("agent", "user"):
+        if getattr(cfg, role).seeding not in ("batch", "episode"): raise ConfigError(f"{role}.seeding = {getattr(cfg, role).seeding!r}: use 'batch' or 'episode'")
     if cfg.user.reward not in SIM_REWARDS: raise ConfigError(f"user.reward = {cfg.user.reward!r}: use one of {SIM_REWARDS}")
     u = cfg.user
     if u.mode not in USER_MODES: raise ConfigError(f"user.mode = {u.mode!r}: use one of {USER_MODES}")

@@ -31,11 +31,12 @@ def _respond(speaker: Speaker, reqs: list[Request], temperature, batched: bool) 
     return replies, time.perf_counter() - t0
 
 def rollout(env: Env, tasks: list[Task], G: int, speakers: dict[str, Speaker], trainable=(), temperatures: dict | None = None,
-            step: int | None = None, tag: str = "", batched: bool = True) -> RolloutResult:
+            step: int | None = None, tag: str = "", batched: bool = True, first_group: int = 0) -> RolloutResult:
     "Run G episodes per task with `speakers[role]` answering each role; batch requests per speaker each round."
     temperatures = temperatures or {}
     states = [env.reset(t) for t in tasks for _ in range(G)]
-    groups = [f"{tag}{'' if step is None else f's{step}'}#{i}:{t.id}" for i, t in enumerate(tasks) for _ in range(G)]
+    # group ids name the task's index in the whole step, so a step split over workers (first_group > 0) names them alike
+    groups = [f"{tag}{'' if step is None else f's{step}'}#{first_group + i}:{t.id}" for i, t in enumerate(tasks) for _ in range(G)]
     streams = {(i, r): TokenStream() for i in range(len(states)) for r in trainable}
     errors, truncated, infos, seconds, models = {}, {}, [[] for _ in states], {}, {}
     while True:
@@ -48,7 +49,7 @@ def rollout(env: Env, tasks: list[Task], G: int, speakers: dict[str, Speaker], t
         jobs = []
         for sp, idx in by_speaker.values():
             reqs = [Request(states[i].conversation.view(states[i].next), streams.get((i, states[i].next)),
-                            env.tools(states[i], states[i].next), states[i].agent_turns, f"{groups[i]}/{i % G}", i // G, i % G)
+                            env.tools(states[i], states[i].next), states[i].agent_turns, f"{groups[i]}/{i % G}", first_group + i // G, i % G)
                     for i in idx]
             # one temperature per call: requests of a shared (self-play) policy use the first role's temperature
             jobs.append((sp, idx, reqs, temperatures.get(states[idx[0]].next)))

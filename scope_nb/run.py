@@ -133,23 +133,24 @@ def apply_sim_reward(episodes, mode: str):
 # %% ../nbs/34_run.ipynb #75d0d73a
 def _mean(xs): return float(np.mean(xs)) if len(xs) else None
 
-def train(cfg: Config, resume: bool = False, progress: bool = True) -> Path:
+def train(cfg: Config, resume: bool = False, progress: bool = True, backend=None) -> Path:
     """Run GRPO training as configured; returns the run folder.
 
     Departures from the paper's loop: evaluation uses the environment's test split (the released P4G code drew eval
     tasks from the training split); every step's trajectories and every eval are kept in their own files (the release
     overwrote eval files); trajectories, metrics and checkpoints are written so that a killed run resumes exactly; a
     simulator trained with the curriculum reward gets batch-normalised advantages (the reward is constant within a group).
-    See `32_grpo` for the departures of the update itself."""
+    See `32_grpo` for the departures of the update itself. `backend` swaps where rollouts and updates run (39_ray)."""
     run_dir = cfg.run_dir
     mpath = run_dir / "metrics.jsonl"
     if not resume and mpath.exists() and mpath.stat().st_size > 0:
         raise ConfigError(f"{run_dir} already holds a run; pass --resume to continue it or set run.name to start a new one")
     if resume and not (run_dir / "config.toml").exists():
         raise ConfigError(f"--resume: {run_dir} holds no run (no config.toml); start it without --resume")
-    with Servers() as servers: return _train(cfg, resume, progress, servers)
+    with Servers() as servers: return _train(cfg, resume, progress, servers, backend)
 
-def _train(cfg: Config, resume: bool, progress: bool, servers: Servers) -> Path:
+def _train(cfg: Config, resume: bool, progress: bool, servers: Servers, backend=None) -> Path:
+    "The loop; `backend` (e.g. 39_ray's RayBackend) may supply `rollout(...)` and `trainer(policy, cfg, temperature)`."
     from tqdm.auto import tqdm
     run_dir, mpath = cfg.run_dir, cfg.run_dir / "metrics.jsonl"
     torch.manual_seed(cfg.run.seed)
@@ -162,7 +163,9 @@ def _train(cfg: Config, resume: bool, progress: bool, servers: Servers) -> Path:
     trainers, plays = {}, {}
     for r in roles:
         sp = speakers[r].current if isinstance(speakers[r], PoolSpeaker) else speakers[r]
-        if sp.name not in trainers: trainers[sp.name] = GRPOTrainer(sp, gcfg, temperature=getattr(cfg, r).temperature)
+        if sp.name not in trainers:
+            make = backend.trainer if backend is not None else GRPOTrainer
+            trainers[sp.name] = make(sp, gcfg, temperature=getattr(cfg, r).temperature)
         plays.setdefault(sp.name, []).append(r)
     panel = []
     for j, entry in enumerate(default_panel(cfg)):
@@ -190,7 +193,8 @@ def _train(cfg: Config, resume: bool, progress: bool, servers: Servers) -> Path:
             rng = np.random.default_rng([cfg.run.seed, step])
             for k, sp in enumerate(distinct): sp.reseed(_seed(cfg.run.seed, step, k))
             t0 = time.perf_counter()
-            res = rollout(env, env.sample_tasks("train", cfg.grpo.batch_tasks, rng), cfg.grpo.group_size, speakers, roles, temps, step=step)
+            do_rollout = backend.rollout if backend is not None else rollout
+            res = do_rollout(env, env.sample_tasks("train", cfg.grpo.batch_tasks, rng), cfg.grpo.group_size, speakers, roles, temps, step=step)
             row["time/rollout"] = time.perf_counter() - t0
             row["time/sim_api"] = res.seconds.get(user.name, 0.0) if user.api else 0.0
             eps = res.episodes

@@ -188,6 +188,11 @@ SCRIPTED_FNS = {"echo": echo_user}
 
 def build_speaker(spec: str, sec, env, name: str, seed: int, trainable: bool = False, servers: Servers | None = None) -> Speaker:
     "A speaker from a model spec: llama:<model>, api:<model>, tiny, scripted:<name>, lab specs (14_lab), a packaged model name or a path."
+    sp = _build_speaker(spec, sec, env, name, seed, trainable, servers)
+    if isinstance(sp, LocalPolicy): sp.episode_seeded = getattr(sec, "seeding", "batch") == "episode"
+    return sp
+
+def _build_speaker(spec: str, sec, env, name: str, seed: int, trainable: bool = False, servers: Servers | None = None) -> Speaker:
     T, max_new = getattr(sec, "temperature", 0.7), getattr(sec, "max_new_tokens", 64)
     if spec.startswith("scripted:"): return ScriptedSpeaker(SCRIPTED_FNS[spec.split(":", 1)[1]], name)
     if spec == "lab-agent" or spec.startswith(("lab:", "lab-user:")):   # the collapse lab's speakers (14_lab)

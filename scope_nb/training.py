@@ -185,13 +185,15 @@ class LocalPolicy(Speaker):
         self.seed = seed
         self.history_seeded = False  # True: each reply is a deterministic function of (seed, episode group, history)
         self.engine = None           # optional generation backend with .generate(prompts, max_new, T, eos_ids) -> [Sample]
+        self.episode_seeded = False  # True: each episode samples from its own generator (seeded by step seed, episode key, prompt),
+        self._step_seed = seed       # so replies do not depend on how episodes are batched or split across workers
         eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         self.eos_ids = sorted({tokenizer.eos_token_id} | set(eos if isinstance(eos, list) else [eos] if eos is not None else []))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if not getattr(tokenizer, "chat_template", None):
             raise TemplateError(f"{name}: the tokenizer has no chat template; a trainable or stream-based policy needs one")
 
-    def reseed(self, seed: int): self.generator.manual_seed(seed)
+    def reseed(self, seed: int): self.generator.manual_seed(seed); self._step_seed = seed
 
     def render(self, messages, add_generation_prompt: bool, tools=None) -> str:
         kw = {"tools": tools} if tools else {}
@@ -215,6 +217,8 @@ class LocalPolicy(Speaker):
         if self.history_seeded:  # the agent randomness ξπ of Eq. 6: fixed per group, independent across histories
             gens = [torch.Generator().manual_seed(zlib.crc32(f"{self.seed}|{r.key.rsplit('/', 1)[0]}|{p}".encode()))
                     for r, p in zip(requests, prompts)]
+        elif self.episode_seeded:
+            gens = [torch.Generator().manual_seed(zlib.crc32(f"{self._step_seed}|{r.key}|{p}".encode())) for r, p in zip(requests, prompts)]
         if self.engine is not None:   # a rollout engine (e.g. SGLang, 37_sglang): token ids in, token ids and logprobs out
             samples = self.engine.generate(prompts, self.max_new_tokens, T, self.eos_ids)
         else: samples = sample_batch(self.model, prompts, self.max_new_tokens, T, self.eos_ids, self.pad_id, self.generator, gens)

@@ -1,0 +1,34 @@
+"""A local Ray cluster (2 rollout workers + a trainer actor) reproduces a single-process lab run's metrics; Ray shuts down
+and leaves no process behind. Runs in a network namespace with only loopback, since Ray probes outside addresses."""
+import json, math, os, shutil, subprocess, sys, time
+from pathlib import Path
+import pytest
+
+HERE = Path(__file__).parent
+
+
+def _ray_processes() -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout.splitlines()
+    return [l for l in out if any(k in l for k in ("raylet", "gcs_server", "ray::", "ray/_private", "dashboard/agent.py"))]
+
+
+def test_ray_run_matches_single_process(tmp_path):
+    if shutil.which("unshare") is None: pytest.fail("needs util-linux's unshare (a loopback-only network namespace for Ray)")
+    before = _ray_processes()
+    cmd = f"ip link set lo up && exec {sys.executable} {HERE / 'ray_lab_check.py'} {tmp_path}"
+    r = subprocess.run(["unshare", "-n", "bash", "-c", cmd], capture_output=True, text=True, timeout=900,
+                       env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = json.loads((tmp_path / "rows.json").read_text())
+    single, ray = rows["single"], rows["ray"]
+    assert [x["step"] for x in single] == [x["step"] for x in ray] == list(range(7))
+    for a, b in zip(single, ray):
+        assert set(a) == set(b), set(a) ^ set(b)
+        for k in a:
+            if isinstance(a[k], float): assert math.isclose(a[k], b[k], rel_tol=1e-6, abs_tol=1e-9), (a["step"], k, a[k], b[k])
+            else: assert a[k] == b[k], (a["step"], k)
+    assert any(x.get("train/loss") for x in single) and single[-1]["eval/mean"] is not None
+    for _ in range(30):   # worker processes exit asynchronously after ray.shutdown(); give them a few seconds
+        if _ray_processes() == before: break
+        time.sleep(0.5)
+    assert _ray_processes() == before, _ray_processes()
