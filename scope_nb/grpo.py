@@ -82,10 +82,10 @@ class GRPOTrainer:
         seqs = [t.token_ids for t, _ in micro]
         lp, ent, att = token_logprobs(self.model, seqs, self.temperature, pad)
         L = lp.shape[1]
-        def pad_to(xs, v): return torch.tensor([x + [v] * (L - len(x)) for x in xs], dtype=torch.float32)
+        def pad_to(xs, v): return torch.tensor([x + [v] * (L - len(x)) for x in xs], dtype=torch.float32, device=lp.device)
         mask = pad_to([t.loss_mask for t, _ in micro], 0)
         old = pad_to([t.logprobs for t, _ in micro], 0.0)
-        adv = torch.tensor([a for _, a in micro], dtype=torch.float32)[:, None].expand(-1, L)
+        adv = torch.tensor([a for _, a in micro], dtype=torch.float32, device=lp.device)[:, None].expand(-1, L)
         surr, clipped = clipped_surrogate(lp, old, adv, cfg.clip_low, cfg.clip_high)
         loss_tok = -surr - cfg.entropy_coef * ent
         if self.ref is not None:

@@ -44,21 +44,25 @@ def sample_batch(model, prompts: list[list[int]], max_new_tokens: int, temperatu
                  generator: torch.Generator | None = None, generators: list | None = None) -> list[Sample]:
     "Sample continuations of all `prompts` in one left-padded batch with a KV cache; greedy when temperature is 0; `generators`: one per row."
     if not prompts: return []
-    eos = torch.tensor(sorted(set(eos_ids)), dtype=torch.long)
+    dev = next(model.parameters()).device
+    eos = torch.tensor(sorted(set(eos_ids)), dtype=torch.long, device=dev)
     ids, mask = _left_pad(prompts, pad_id)
+    ids, mask = ids.to(dev), mask.to(dev)
     pos = (mask.cumsum(1) - 1).clamp(min=0)
     out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
     past, logits, ckw = _cache_of(out), out.logits[:, -1], _cache_kw(model)
     B = len(prompts)
-    done = torch.zeros(B, dtype=torch.bool)
+    done = torch.zeros(B, dtype=torch.bool, device=dev)
     toks, lps, hit = [[] for _ in range(B)], [[] for _ in range(B)], [False] * B
     next_pos = pos[:, -1] + 1
     for _ in range(max_new_tokens):
         logits = logits.float()
         if temperature > 0:
             logp = F.log_softmax(logits / temperature, -1)
-            if generators is None: tok = torch.multinomial(logp.exp(), 1, generator=generator).squeeze(1)
-            else: tok = torch.cat([torch.multinomial(logp[i].exp(), 1, generator=g) for i, g in enumerate(generators)])
+            probs = logp.exp() if dev.type == "cpu" else logp.exp().cpu()   # CPU generators keep draws reproducible on any device
+            if generators is None: tok = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+            else: tok = torch.cat([torch.multinomial(probs[i], 1, generator=g) for i, g in enumerate(generators)])
+            tok = tok.to(dev)
         else:
             logp = F.log_softmax(logits, -1)
             tok = logp.argmax(-1)
@@ -81,11 +85,13 @@ def token_logprobs(model, seqs: list[list[int]], temperature: float = 1.0, pad_i
     ids = torch.full((len(seqs), n), pad_id, dtype=torch.long)
     att = torch.zeros((len(seqs), n), dtype=torch.long)
     for i, s in enumerate(seqs): ids[i, :len(s)] = torch.tensor(s); att[i, :len(s)] = 1
+    dev = next(model.parameters()).device
+    ids, att = ids.to(dev), att.to(dev)
     logits = model(input_ids=ids, attention_mask=att).logits[:, :-1].float() / (temperature if temperature > 0 else 1.0)
     logp_all = F.log_softmax(logits, -1)
-    lp = torch.zeros(len(seqs), n)
+    lp = torch.zeros(len(seqs), n, device=dev)
     lp[:, 1:] = logp_all.gather(2, ids[:, 1:, None]).squeeze(2)
-    ent = torch.zeros(len(seqs), n)
+    ent = torch.zeros(len(seqs), n, device=dev)
     if with_entropy: ent[:, 1:] = -(logp_all.exp() * logp_all).sum(-1)
     return lp, ent, att
 
