@@ -11,8 +11,8 @@ from .config import ConfigError, to_toml
 from .experiments import EXPERIMENTS, experiment_dicts, get_experiment
 
 # %% auto #0
-__all__ = ['GPUS_PER_NODE', 'Group', 'LaunchPlan', 'plan_launch', 'visible_gpus', 'port_free', 'preflight', 'start_recorded',
-           'stop_recorded', 'launcher_scripts', 'write_launchers', 'launch']
+__all__ = ['GPUS_PER_NODE', 'LAYOUTS', 'Group', 'LaunchPlan', 'plan_launch', 'sglang_layout', 'layout_files', 'visible_gpus',
+           'port_free', 'preflight', 'start_recorded', 'stop_recorded', 'launcher_scripts', 'write_launchers', 'launch']
 
 # %% ../nbs/38_launch.ipynb #6ad262dc
 @dataclass
@@ -90,6 +90,21 @@ def plan_launch(experiment: str, arm: str, seed: int = 0, settings: str = "paper
     return LaunchPlan(experiment, arm, cfg, groups, api, env_vars, base_port - 1, procs)
 
 # %% ../nbs/38_launch.ipynb #46f0d7ea
+LAYOUTS = {"single-8gpu": ("table1-tau2-retail", "rl-single"), "cotrain-4plus4": ("table1-tau2-retail", "co-training")}
+
+def sglang_layout(plan: LaunchPlan) -> dict:
+    "The engine layout of a plan: per trainer group its GPUs and engines, and how weights reach them."
+    return {"groups": [{"role": g.role, "gpus": g.gpus, "engines": [{"gpu": gpu, "port": port, "tp": g.engine_tp, "mem_fraction_static": 0.5,
+                                                                      "enable_memory_saver": True} for gpu, port in zip(g.gpus, g.engine_ports)]}
+                       for g in plan.groups],
+            "weight_sync": "each trainer group pushes weights to its own engines after every step (update_weights_from_disk); "
+                           "pool checkpoints load from disk"}
+
+def layout_files() -> dict[str, str]:
+    "File name -> JSON text of every layout in LAYOUTS."
+    return {f"{name}.json": json.dumps(sglang_layout(plan_launch(*exp_arm)), indent=1) + "\n" for name, exp_arm in LAYOUTS.items()}
+
+# %% ../nbs/38_launch.ipynb #b5707c0d
 def visible_gpus() -> int:
     "Number of NVIDIA GPUs `nvidia-smi` lists (0 without the tool)."
     if not shutil.which("nvidia-smi"): return 0

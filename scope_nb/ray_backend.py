@@ -17,8 +17,8 @@ def _seed(seed: int, step: int, k: int = 0) -> int:
     return s(seed, step, k)
 
 class RolloutWorker:
-    "Builds the run's environment and speakers from a config dict; runs a block of a step's tasks."
-    def __init__(self, cfg_dict: dict):
+    "Builds the run's environment and speakers from a config dict; runs a block of a step's tasks (optionally on an SGLang engine)."
+    def __init__(self, cfg_dict: dict, engine_url: str | None = None):
         import torch
         from scope_nb.envs import make_env
         from scope_nb.sim_modes import Servers, build_speaker, build_user
@@ -28,6 +28,9 @@ class RolloutWorker:
         self.servers = Servers()
         self.agent = build_speaker(cfg.agent.model, cfg.agent, self.env, "agent", cfg.run.seed, cfg.agent.train, self.servers)
         self.user = build_user(cfg.user, self.env, cfg.run.seed + 1, self.agent, self.servers)
+        if engine_url:   # the agent generates on its SGLang engine; the local copy only renders prompts and token streams
+            from scope_nb.sglang_client import SGLangEngine
+            self.agent.engine = SGLangEngine(engine_url)
 
     def rollout(self, tasks, G, roles, temps, step, first_group, weights) -> RolloutResult:
         if weights is not None: self.agent.model.load_state_dict(weights)
@@ -71,24 +74,27 @@ class _RemoteOpt:
 class RemoteTrainer:
     "Driver-side handle of a TrainerActor: `step` sends items, loads the new weights into the driver's policy."
     def __init__(self, actor, policy):
-        self.actor, self.policy, self.opt, self._synced = actor, policy, _RemoteOpt(actor), False
+        self.actor, self.policy, self.opt, self._synced, self.version = actor, policy, _RemoteOpt(actor), False, 0
     def step(self, items) -> dict:
         import ray
         # the driver's weights are the truth: send them once (after construction or a resumed checkpoint)
         weights = None if self._synced else self.policy.model.state_dict()
         stats, new = ray.get(self.actor.step.remote(items, weights))
-        self.policy.model.load_state_dict(new); self._synced = True
+        self.policy.model.load_state_dict(new); self._synced = True; self.version += 1
         return stats
 
 class RayBackend:
     "Rollouts on `workers` RolloutWorker actors and updates on TrainerActors of a (local or given) Ray cluster."
-    def __init__(self, cfg: Config, workers: int = 2, address: str | None = None, num_cpus: int | None = None):
+    def __init__(self, cfg: Config, workers: int = 2, address: str | None = None, num_cpus: int | None = None,
+                 engine_urls: list[str] | None = None, weights_dir=None):
         import ray
         u = cfg.user
         if u.train or u.mode == "pool" or u.model == "same":
             raise ConfigError("the Ray backend runs frozen simulators only for now (user.train = false, user.mode != 'pool', no self-play); "
                               "run co-training without --backend ray")
         if workers < 1: raise ConfigError(f"--workers {workers}: need at least one rollout worker")
+        if engine_urls and len(engine_urls) != workers:
+            raise ConfigError(f"--engine-urls: give one SGLang engine per rollout worker ({workers}), got {len(engine_urls)}")
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         self.started = not ray.is_initialized()
         if self.started:
@@ -96,19 +102,43 @@ class RayBackend:
                      configure_logging=False, **({} if address else {"_node_ip_address": "127.0.0.1"}))
         self.cfg, self.cfg_dict = cfg, to_dict(cfg)
         W = ray.remote(num_cpus=0.5)(RolloutWorker)
-        self.workers = [W.remote(self.cfg_dict) for _ in range(workers)]
-        self.trainers = []
+        self.engine_urls = list(engine_urls or [])
+        self.workers = [W.remote(self.cfg_dict, self.engine_urls[i] if self.engine_urls else None) for i in range(workers)]
+        self.trainers, self.agent_trainer, self._pushed = [], None, 0
+        from pathlib import Path
+        self.weights_dir = Path(weights_dir) if weights_dir else cfg.run_dir / "engine_weights"
 
     def trainer(self, policy, gcfg, temperature: float = 1.0) -> RemoteTrainer:
         import ray
         role = "agent" if policy.name == "agent" else "user"
         actor = ray.remote(num_cpus=0.5)(TrainerActor).remote(self.cfg_dict, role, gcfg, temperature)
         self.trainers.append(actor)
-        return RemoteTrainer(actor, policy)
+        rt = RemoteTrainer(actor, policy)
+        if role == "agent": self.agent_trainer = rt
+        return rt
+
+    def _push_weights(self, policy, version: int):
+        "Save the agent's weights and load them into the agent's own engines (never the simulators')."
+        import shutil
+        from concurrent.futures import ThreadPoolExecutor
+        from scope_nb.sglang_client import SGLangEngine
+        path = self.weights_dir / f"agent_v{version:06d}"
+        tmp = path.with_name(path.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        policy.model.save_pretrained(tmp); policy.tok.save_pretrained(tmp)
+        os.replace(tmp, path)
+        with ThreadPoolExecutor(len(self.engine_urls)) as ex: list(ex.map(lambda u: SGLangEngine(u).update_weights_from_disk(path), self.engine_urls))
+        for old in self.weights_dir.glob("agent_v*"):
+            if old != path: shutil.rmtree(old, ignore_errors=True)
 
     def rollout(self, env, tasks, G, speakers, roles, temps, step=None, **kw) -> RolloutResult:
         import ray
-        weights = {k: v.detach().clone() for k, v in speakers["agent"].model.state_dict().items()} if hasattr(speakers["agent"], "model") else None
+        weights = None
+        if self.engine_urls:   # engines hold the weights: push them when the trainer has moved since the last push
+            v = self.agent_trainer.version if self.agent_trainer else 0
+            if v != self._pushed: self._push_weights(speakers["agent"], v); self._pushed = v
+        elif hasattr(speakers["agent"], "model"):
+            weights = {k: v.detach().clone() for k, v in speakers["agent"].model.state_dict().items()}
         n = len(self.workers)
         bounds = [len(tasks) * w // n for w in range(n + 1)]
         futs = [wk.rollout.remote(tasks[a:b], G, roles, temps, step, a, weights) for wk, a, b in zip(self.workers, bounds, bounds[1:]) if b > a]

@@ -54,3 +54,9 @@ def test_launch_without_gpus_fails_with_clear_messages():
     assert "GPUs: need 8" in r.stdout and "OPENROUTER_API_KEY" in r.stdout
     r = _run([str(Path(sys.executable).parent / "scope"), "launch", "table1-p4g", "persona", "--dry-run"])
     assert r.returncode == 2 and "unknown arm(s) ['persona']" in r.stderr, r.stderr
+
+
+def test_sglang_layout_files_match_the_plans():
+    from scope_nb.launch import layout_files
+    have = {p.name: p.read_text() for p in (ROOT / "configs" / "sglang").glob("*.json")}
+    assert have == layout_files(), "regenerate configs/sglang from scope_nb.launch.layout_files()"

@@ -32,3 +32,22 @@ def test_ray_run_matches_single_process(tmp_path):
         if _ray_processes() == before: break
         time.sleep(0.5)
     assert _ray_processes() == before, _ray_processes()
+
+
+def test_ray_workers_generate_on_their_engines_with_synced_weights(tmp_path):
+    "Each worker's agent samples on its own SGLang engine; after every update the engines load the trainer's weights."
+    before = _ray_processes()
+    cmd = f"ip link set lo up && cd {HERE} && exec {sys.executable} {HERE / 'ray_engine_check.py'} {tmp_path}"
+    r = subprocess.run(["unshare", "-n", "bash", "-c", cmd], capture_output=True, text=True, timeout=900,
+                       env={**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(HERE)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads((tmp_path / "engines.json").read_text())
+    for paths, updates in zip(res["paths"], res["update_paths"]):
+        assert paths.count("/generate") == 4 * 2            # 4 steps x 2 agent turns, every step on both engines
+        assert len(updates) == 3 and len(set(updates)) == 3  # weights pushed before steps 2, 3 and 4
+    assert res["update_paths"][0] == res["update_paths"][1]
+    assert res["gap_step4_vs_step3_weights"] < 1e-5
+    for _ in range(30):
+        if _ray_processes() == before: break
+        time.sleep(0.5)
+    assert _ray_processes() == before, _ray_processes()
