@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy, json, os, time
 from dataclasses import dataclass, field
 from pathlib import Path
-from .config import Config, ConfigError, from_dict, validate, to_toml
+from .config import Config, ConfigError, from_dict, to_dict, to_toml, validate
 from .lab import SEEN_FAMILIES, UNSEEN_FAMILIES
 
 # %% auto #0
@@ -243,7 +243,6 @@ def run_experiment(name: str, scale: str = "lab", seeds=(0,), out: str = "runs/e
     cfgs = experiment_configs(name, scale, seeds, out, arms, steps)
     todo = [c for c in cfgs if not run_finished(c)]
     echo(f"{name} [{scale}]: {len(cfgs)} runs ({len(cfgs) - len(todo)} already finished) in {Path(out) / name / scale}")
-    from scope_nb.config import to_dict
     errors, t0 = {}, time.perf_counter()
     bar = tqdm(total=len(todo), desc=f"{name} [{scale}]", disable=not progress or not todo)
     if jobs > 1 and len(todo) > 1:

@@ -261,9 +261,5 @@ def fig_lab_strategies(groups, out) -> list:
         ax.set_title(method, fontsize=8); ax.set_xlabel("training step"); ax.grid(alpha=0.3); ax.set_ylim(-0.02, 1.02)
     axes[0][0].set_ylabel("share of episodes"); axes[0][0].legend(fontsize=7)
     fig.suptitle("Lab: what the agent does on its first turn", fontsize=9)
-    fig.tight_layout()
-    out = Path(out); out.mkdir(parents=True, exist_ok=True)
-    paths = [out / "lab_strategies.png", out / "lab_strategies.svg"]
-    for p in paths: fig.savefig(p, dpi=130)
-    plt.close(fig)
-    return paths
+    from scope_nb.report import _save
+    return _save(fig, Path(out), "lab_strategies")

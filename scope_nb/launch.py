@@ -68,7 +68,7 @@ def _trainables(cfg: dict) -> list[tuple[str, str]]:
 def plan_launch(experiment: str, arm: str, seed: int = 0, settings: str = "paper", out: str = "runs/gpu",
                 gpus: int = GPUS_PER_NODE, base_port: int = 30000) -> LaunchPlan:
     "Plan the gpu-scale run of one arm: trainer groups split the node's GPUs evenly, each with its own SGLang engines."
-    dicts = [d for d in experiment_dicts(experiment, "gpu", (seed,), out, [arm], settings=settings)]
+    dicts = experiment_dicts(experiment, "gpu", (seed,), out, [arm], settings=settings)
     if not dicts: raise ConfigError(f"{experiment}: no arm {arm!r} at the gpu scale")
     cfg = dicts[0]
     roles = _trainables(cfg) if cfg["run"].get("steps") != 0 else []

@@ -163,12 +163,7 @@ def fig_eval_reward(groups, out: Path) -> list[Path]:
     axes[0].set_ylabel("reward")
     handles, labels = axes[0].get_legend_handles_labels()
     if handles: fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7)
-    fig.tight_layout()
-    out.mkdir(parents=True, exist_ok=True)
-    paths = [out / "eval_reward.png", out / "eval_reward.svg"]
-    for p in paths: fig.savefig(p, dpi=130, bbox_inches="tight")
-    plt.close(fig)
-    return paths
+    return _save(fig, out, "eval_reward")
 
 def fig_group_fractions(groups, out: Path) -> list[Path]:
     "Fractions of zero-variance, all-success and all-failure groups, one panel each (paper Fig. 19)."

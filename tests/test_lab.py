@@ -5,6 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from scope_nb.experiments import experiment_configs, run_experiment
+from scope_nb.config import Config, from_dict, to_dict, validate
 from scope_nb.report import load_run
 
 SEEDS = (0, 1, 2)
@@ -58,9 +59,8 @@ def test_experiment_resumes_an_interrupted_run(tmp_path):
     (a, b) = (tmp_path / "a", tmp_path / "b")
     run_experiment("collapse-lab", "lab", out=str(a), **kw)
     cfg = experiment_configs("collapse-lab", "lab", (0,), str(b), ["rl-single"], 10)[0]
-    d = dict(json.loads(json.dumps(__import__("scope_nb.config", fromlist=["to_dict"]).to_dict(cfg))))
+    d = to_dict(cfg)
     d["checkpoint"]["every"], d["checkpoint"]["keep"] = 5, 3
-    from scope_nb.config import Config, from_dict, validate
     from scope_nb.run import train
     cfg5 = validate(from_dict(Config, d))
     train(cfg5, progress=False)
