@@ -85,6 +85,11 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--backend", default="local", choices=["local", "ray"], help="ray: rollouts on Ray worker actors, updates in a trainer actor")
     t.add_argument("--workers", type=int, default=2, help="rollout workers for --backend ray")
     t.add_argument("--ray-address", default=None, help="an existing Ray cluster (default: start a local one)")
+    t.add_argument("--trainer", default="torch", choices=["torch", "fsdp", "megatron"], help="--backend ray: how each trained policy is updated")
+    t.add_argument("--trainer-world", type=int, default=1, help="--backend ray: ranks per trainer group (fsdp/megatron split the policy over them)")
+    t.add_argument("--gpus-per-rank", type=float, default=0.0, help="--backend ray: GPUs each trainer rank reserves (0 on CPUs)")
+    t.add_argument("--engine-urls", default="", help="--backend ray: comma-separated SGLang engines for the agent, one per worker")
+    t.add_argument("--user-engine-urls", default="", help="--backend ray: SGLang engines for a trained simulator, one per worker")
     v = sub.add_parser("simulate-vs", help="N dialogues of a frozen agent against a Verbalized Sampling simulator; JSONL + summary")
     v.add_argument("--env", default="ask"); v.add_argument("--agent", default="llama:smollm2"); v.add_argument("--sim", default="llama:smollm2")
     v.add_argument("--episodes", type=int, default=10); v.add_argument("--n", type=int, default=5)
@@ -120,6 +125,7 @@ def _parser() -> argparse.ArgumentParser:
     la.add_argument("--dry-run", action="store_true", help="print config, placement, processes and checks; start nothing")
     la.add_argument("--seed", type=int, default=0); la.add_argument("--settings", default="paper", choices=["paper", "release"])
     la.add_argument("--gpus", type=int, default=8); la.add_argument("--base-port", type=int, default=30000); la.add_argument("--out", default="runs/gpu")
+    la.add_argument("--trainer", default="fsdp", choices=["fsdp", "megatron"], help="how each trainer group splits its policy")
     d = sub.add_parser("demo", help="the main job on embedded defaults: the collapse lab comparison (figures + table)")
     d.add_argument("--seeds", type=int, default=1); d.add_argument("--out", default="runs/demo"); d.add_argument("--jobs", type=int, default=2)
     d.add_argument("--conversation", action="store_true", help="instead: a short conversation between two SmolLM2 speakers")
@@ -171,7 +177,9 @@ def main(argv: list[str] | None = None) -> int:
             backend = None
             if args.backend == "ray":
                 from scope_nb.ray_backend import RayBackend
-                backend = RayBackend(cfg, args.workers, args.ray_address)
+                urls = lambda v: [u for u in v.split(",") if u]
+                backend = RayBackend(cfg, args.workers, args.ray_address, engine_urls=urls(args.engine_urls), trainer=args.trainer,
+                                     trainer_world=args.trainer_world, gpus_per_rank=args.gpus_per_rank, user_engine_urls=urls(args.user_engine_urls))
             try: run_dir = train(cfg, resume=args.resume, progress=not args.no_progress, backend=backend)
             finally:
                 if backend is not None: backend.close()
@@ -197,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "launch":
             from scope_nb.launch import launch, stop_recorded
             if args.experiment == "stop": print("\n".join(stop_recorded(args.arm)))
-            else: return launch(args.experiment, args.arm, args.seed, args.settings, args.out, args.gpus, args.base_port, args.dry_run)
+            else: return launch(args.experiment, args.arm, args.seed, args.settings, args.out, args.gpus, args.base_port, args.dry_run,
+                                trainer=args.trainer)
         elif args.cmd == "demo":
             if args.conversation: demo_conversation(args.model, rounds=args.rounds, max_new_tokens=args.max_new_tokens, seed=args.seed)
             else:

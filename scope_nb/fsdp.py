@@ -58,3 +58,17 @@ class FSDPTrainer(GRPOTrainer):
         "Unsharded weights (on every rank), e.g. to save a checkpoint or push to rollout engines."
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
         return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def load_full_state_dict(self, sd: dict) -> None:
+        "Load unsharded weights (the same on every rank) into this rank's shards."
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        set_model_state_dict(self.model, sd, options=StateDictOptions(full_state_dict=True))
+
+    def opt_state_dict(self) -> dict:
+        "The optimizer state unsharded (a collective: every rank calls it)."
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+        return get_optimizer_state_dict(self.model, self.opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def load_opt_state_dict(self, sd: dict) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+        set_optimizer_state_dict(self.model, self.opt, sd, options=StateDictOptions(full_state_dict=True))

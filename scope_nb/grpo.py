@@ -70,17 +70,26 @@ class GRPOTrainer:
         return torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=cfg.lr, betas=tuple(cfg.betas),
                                  weight_decay=cfg.weight_decay)
 
-    # data-parallel backends (35_fsdp) override these three: which items this process computes, how much each
-    # process's loss counts, and how per-process statistics are summed
+    # parallel backends (35_fsdp, 36_megatron_train) override these: which items this process computes, how much each
+    # process's loss counts, how per-process statistics are summed, how a model scores tokens, how gradients are clipped
     def _local(self, items: list) -> list: return items
     def _loss_scale(self) -> float: return 1.0
     def _sum(self, stats: dict) -> dict: return stats
+    def _logprobs(self, model, seqs, with_entropy: bool = True):
+        return token_logprobs(model, seqs, self.temperature, self.policy.pad_id, with_entropy=with_entropy)
+    def _clip_grads(self) -> float: return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip))
+
+    # weights (full tensors, HF layout) and optimizer state in and out: what trainer groups (39_ray) exchange
+    def full_state_dict(self) -> dict: return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+    def load_full_state_dict(self, sd: dict) -> None: self.model.load_state_dict(sd)
+    def opt_state_dict(self) -> dict: return self.opt.state_dict()
+    def load_opt_state_dict(self, sd: dict) -> None: self.opt.load_state_dict(sd)
 
     def _micro_loss(self, micro, n_tok: int, stats: dict) -> torch.Tensor:
         "Token-level clipped surrogate + entropy bonus + k3 KL of one micro-batch, normalised by the minibatch's tokens."
-        cfg, pad = self.cfg, self.policy.pad_id
+        cfg = self.cfg
         seqs = [t.token_ids for t, _ in micro]
-        lp, ent, att = token_logprobs(self.model, seqs, self.temperature, pad)
+        lp, ent, att = self._logprobs(self.model, seqs)
         L = lp.shape[1]
         def pad_to(xs, v): return torch.tensor([x + [v] * (L - len(x)) for x in xs], dtype=torch.float32, device=lp.device)
         mask = pad_to([t.loss_mask for t, _ in micro], 0)
@@ -89,7 +98,7 @@ class GRPOTrainer:
         surr, clipped = clipped_surrogate(lp, old, adv, cfg.clip_low, cfg.clip_high)
         loss_tok = -surr - cfg.entropy_coef * ent
         if self.ref is not None:
-            with torch.no_grad(): ref_lp, _, _ = token_logprobs(self.ref, seqs, self.temperature, pad, with_entropy=False)
+            with torch.no_grad(): ref_lp, _, _ = self._logprobs(self.ref, seqs, with_entropy=False)
             kl = k3_kl(lp, ref_lp)
             loss_tok = loss_tok + cfg.kl_coef * kl
             stats["kl"] += float((kl.detach() * mask).sum())
@@ -115,8 +124,7 @@ class GRPOTrainer:
                 loss = self._micro_loss(local[k:k + cfg.micro_batch], n_tok, sums)
                 (loss * self._loss_scale()).backward()
                 sums["loss"] += float(loss.detach()) / n_upd
-            gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
-            stats["grad_norm"] += float(gn) / n_upd
+            stats["grad_norm"] += self._clip_grads() / n_upd
             self.opt.step()
         self.model.eval()
         sums = self._sum(sums)

@@ -4,15 +4,17 @@
 
 # %% ../nbs/38_launch.ipynb #b9d5c50a
 from __future__ import annotations
-import json, os, shutil, signal, socket, subprocess
+import json, os, shutil, signal, socket, subprocess, time
 from dataclasses import dataclass, field
 from pathlib import Path
 from .config import ConfigError, to_toml
+from .core import atomic_write_text
 from .experiments import EXPERIMENTS, experiment_dicts, get_experiment
 
 # %% auto #0
 __all__ = ['GPUS_PER_NODE', 'LAYOUTS', 'Group', 'LaunchPlan', 'plan_launch', 'sglang_layout', 'layout_files', 'visible_gpus',
-           'port_free', 'preflight', 'start_recorded', 'stop_recorded', 'launcher_scripts', 'write_launchers', 'launch']
+           'port_free', 'preflight', 'start_recorded', 'stop_recorded', 'launcher_scripts', 'write_launchers',
+           'run_plan', 'launch']
 
 # %% ../nbs/38_launch.ipynb #6ad262dc
 @dataclass
@@ -25,7 +27,7 @@ class Group:
     engine_tp: int = 1
 
     @property
-    def bundles(self) -> list[dict]: return [{"GPU": 1, "CPU": 4} for _ in self.gpus]
+    def bundles(self) -> list[dict]: return [{"CPU": 0.5, "GPU": 1} for _ in self.gpus]   # what 39_ray reserves per rank
 
 @dataclass
 class LaunchPlan:
@@ -38,6 +40,7 @@ class LaunchPlan:
     env_vars: list[str]
     ray_port: int
     processes: list[list[str]] = field(default_factory=list)
+    trainer: str = "fsdp"
 
     @property
     def gpus_needed(self) -> int: return sum(len(g.gpus) for g in self.groups)
@@ -46,13 +49,13 @@ class LaunchPlan:
         "The dry-run text: resolved config, Ray placement, processes."
         out = [f"# {self.experiment} / {self.arm}: resolved config", to_toml(self.config).rstrip(), "",
                f"# Ray placement (1 node, {self.gpus_needed} GPUs)"]
+        kind = "FSDP2" if self.trainer == "fsdp" else "megatron-core tensor parallel"
         for g in self.groups:
-            out.append(f"trainer group {g.role}: model {g.model} on GPUs {g.gpus[0]}-{g.gpus[-1]} (FSDP2 over {len(g.gpus)} ranks); "
+            out.append(f"trainer group {g.role}: model {g.model} on GPUs {g.gpus[0]}-{g.gpus[-1]} ({kind} over {len(g.gpus)} ranks); "
                        f"placement group STRICT_PACK bundles {g.bundles[0]} x {len(g.gpus)}; "
                        f"own SGLang engines on ports {g.engine_ports} (tp {g.engine_tp}), weights synced from this group only")
         for m in self.api_models: out.append(f"api simulator: {m} (concurrent with local generation)")
         out += ["", "# processes that would start"] + ["  " + " ".join(p) for p in self.processes]
-        out += ["# (the trainer entry that drives these engines and FSDP2 groups through Ray is not wired yet; see 38_launch, Status)"]
         out += ["", "# environment variables needed: " + (", ".join(self.env_vars) or "none")]
         return "\n".join(out)
 
@@ -66,7 +69,7 @@ def _trainables(cfg: dict) -> list[tuple[str, str]]:
     return out
 
 def plan_launch(experiment: str, arm: str, seed: int = 0, settings: str = "paper", out: str = "runs/gpu",
-                gpus: int = GPUS_PER_NODE, base_port: int = 30000) -> LaunchPlan:
+                gpus: int = GPUS_PER_NODE, base_port: int = 30000, trainer: str = "fsdp") -> LaunchPlan:
     "Plan the gpu-scale run of one arm: trainer groups split the node's GPUs evenly, each with its own SGLang engines."
     dicts = experiment_dicts(experiment, "gpu", (seed,), out, [arm], settings=settings)
     if not dicts: raise ConfigError(f"{experiment}: no arm {arm!r} at the gpu scale")
@@ -81,13 +84,18 @@ def plan_launch(experiment: str, arm: str, seed: int = 0, settings: str = "paper
     api = sorted({s.split(":", 1)[1] for s in specs if s.startswith("api:")})
     env_vars = sorted({u.get("api_key_env", "")} - {""}) if api else []
     run_dir = Path(cfg["run"]["out_dir"]) / cfg["run"]["name"]
-    procs = [["ray", "start", "--head", f"--port={base_port - 1}", f"--num-gpus={gpus}", "--include-dashboard=false"]]
+    procs = [["ray", "start", "--head", f"--port={base_port - 1}", f"--num-gpus={gpus}", "--include-dashboard=false", "--block"]]
     for g in groups:
         for gpu, port in zip(g.gpus, g.engine_ports):
             procs.append([f"CUDA_VISIBLE_DEVICES={gpu}", "python", "-m", "sglang.launch_server", "--model-path", g.model, "--host", "127.0.0.1",
                           "--port", str(port), "--tp", str(g.engine_tp), "--mem-fraction-static", "0.5", "--enable-memory-saver"])
-    procs.append(["scope", "train", str(run_dir / "config.toml"), "--backend", "fsdp", "--ray-address", f"127.0.0.1:{base_port - 1}"])
-    return LaunchPlan(experiment, arm, cfg, groups, api, env_vars, base_port - 1, procs)
+    if trainer not in ("fsdp", "megatron"): raise ConfigError(f"--trainer {trainer!r}: use fsdp or megatron")
+    urls = lambda g: ",".join(f"http://127.0.0.1:{q}" for q in g.engine_ports)
+    train = ["scope", "train", str(run_dir / "config.toml"), "--backend", "ray", "--ray-address", f"127.0.0.1:{base_port - 1}",
+             "--workers", str(per), "--trainer", trainer, "--trainer-world", str(per), "--gpus-per-rank", "1", "--engine-urls", urls(groups[0])]
+    if len(groups) > 1: train += ["--user-engine-urls", urls(groups[1])]
+    procs.append(train)
+    return LaunchPlan(experiment, arm, cfg, groups, api, env_vars, base_port - 1, procs, trainer)
 
 # %% ../nbs/38_launch.ipynb #46f0d7ea
 LAYOUTS = {"single-8gpu": ("table1-tau2-retail", "rl-single"), "cotrain-4plus4": ("table1-tau2-retail", "co-training")}
@@ -185,11 +193,57 @@ def write_launchers(folder="launch") -> list[Path]:
     return paths
 
 # %% ../nbs/38_launch.ipynb #5dc841c8
+def _env_split(cmd: list[str]) -> tuple[dict, list[str]]:
+    "Leading NAME=value items of a planned command as an environment, and the command itself."
+    env, i = {}, 0
+    while i < len(cmd) and "=" in cmd[i] and cmd[i].split("=", 1)[0].isidentifier(): k, v = cmd[i].split("=", 1); env[k] = v; i += 1
+    return env, cmd[i:]
+
+def _healthy(port: int) -> bool:
+    import urllib.request
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r: return r.status == 200
+    except OSError: return False
+
+def _alive(pid: int) -> bool:
+    try: return os.waitpid(pid, os.WNOHANG) == (0, 0)
+    except ChildProcessError: return False
+
+def run_plan(plan: LaunchPlan, ready_timeout: float = 900.0, echo=print) -> int:
+    "Start the plan's processes (recorded), wait for the engines, run the trainer in the foreground, stop what was started."
+    run_dir = Path(plan.config["run"]["out_dir"]) / plan.config["run"]["name"]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(run_dir / "config.toml", to_toml(plan.config))
+    head, *engines, trainer = plan.processes
+    ports = [q for g in plan.groups for q in g.engine_ports]
+    names = [f"engine-{g.role}-gpu{gpu}" for g in plan.groups for gpu in g.gpus]
+    try:
+        start_recorded(head, run_dir, "ray-head")
+        pids = [start_recorded(cmd, run_dir, name, env) for name, (env, cmd) in zip(names, map(_env_split, engines))]
+        t0 = time.monotonic()
+        waiting = dict(zip(names, zip(pids, ports)))
+        while waiting:
+            for name, (pid, port) in list(waiting.items()):
+                if _healthy(port): echo(f"scope launch: {name} ready on port {port}"); del waiting[name]
+                elif not _alive(pid):
+                    echo(f"scope launch: {name} exited before it was ready; see {run_dir / 'launch' / (name + '.log')}"); return 1
+            if waiting and time.monotonic() - t0 > ready_timeout:
+                echo(f"scope launch: {', '.join(waiting)} not ready after {ready_timeout:.0f} s; see their logs in {run_dir / 'launch'}"); return 1
+            if waiting: time.sleep(1.0)
+        pid = start_recorded(trainer, run_dir, "trainer")
+        echo(f"scope launch: trainer running (pid {pid}); `scope launch stop {run_dir}` stops the run")
+        status = os.waitpid(pid, 0)[1]
+        return os.waitstatus_to_exitcode(status)
+    except KeyboardInterrupt:
+        echo("scope launch: interrupted"); return 130
+    finally:
+        for line in stop_recorded(run_dir): echo(f"scope launch: {line}")
+
 def launch(experiment: str, arm: str, seed: int = 0, settings: str = "paper", out: str = "runs/gpu", gpus: int = GPUS_PER_NODE,
-           base_port: int = 30000, dry_run: bool = False, echo=print) -> int:
-    "Plan, check and (not yet: see Status) start one gpu-scale run; returns an exit status."
+           base_port: int = 30000, dry_run: bool = False, echo=print, trainer: str = "fsdp") -> int:
+    "Plan, check and start one gpu-scale run (foreground: returns the trainer's exit status)."
     get_experiment(experiment)
-    plan = plan_launch(experiment, arm, seed, settings, out, gpus, base_port)
+    plan = plan_launch(experiment, arm, seed, settings, out, gpus, base_port, trainer)
     probs = preflight(plan)
     if dry_run:
         echo(plan.describe())
@@ -198,6 +252,4 @@ def launch(experiment: str, arm: str, seed: int = 0, settings: str = "paper", ou
     if probs:
         for p in probs: echo(f"scope launch: {p}")
         return 2
-    echo("scope launch: pre-flight checks passed, but starting the plan needs the Ray/SGLang runtime, which is not wired yet; "
-         "use --dry-run to see the plan")
-    return 2
+    return run_plan(plan, echo=echo)

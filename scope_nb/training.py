@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from .core import RoleTrajectory, ToolCall
 
 # %% auto #0
-__all__ = ['TINY_SPECIALS', 'TINY_TEMPLATE', 'Sample', 'sample_batch', 'token_logprobs', 'TemplateError', 'TokenStream',
-           'parse_tool_calls', 'Request', 'Reply', 'Speaker', 'ScriptedSpeaker', 'echo_user', 'LocalPolicy',
-           'tiny_tokenizer', 'tiny_policy']
+__all__ = ['TINY_SPECIALS', 'TINY_TEMPLATE', 'Sample', 'sample_batch', 'pad_right', 'scores_from_logits', 'token_logprobs',
+           'TemplateError', 'TokenStream', 'parse_tool_calls', 'Request', 'Reply', 'Speaker', 'ScriptedSpeaker',
+           'echo_user', 'LocalPolicy', 'tiny_tokenizer', 'tiny_policy']
 
 # %% ../nbs/30_training.ipynb #caa18656
 @dataclass
@@ -79,20 +79,27 @@ def sample_batch(model, prompts: list[list[int]], max_new_tokens: int, temperatu
     return [Sample(t, l, h) for t, l, h in zip(toks, lps, hit)]
 
 # %% ../nbs/30_training.ipynb #f66280d9
-def token_logprobs(model, seqs: list[list[int]], temperature: float = 1.0, pad_id: int = 0, with_entropy: bool = True):
-    "Per-token logprob of each next token (and entropy) for right-padded `seqs`; position j scores token j (j ≥ 1)."
+def pad_right(seqs: list[list[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    "Right-padded ids and attention mask of `seqs`."
     n = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), n), pad_id, dtype=torch.long)
     att = torch.zeros((len(seqs), n), dtype=torch.long)
     for i, s in enumerate(seqs): ids[i, :len(s)] = torch.tensor(s); att[i, :len(s)] = 1
-    dev = next(model.parameters()).device
-    ids, att = ids.to(dev), att.to(dev)
-    logits = model(input_ids=ids, attention_mask=att).logits[:, :-1].float() / (temperature if temperature > 0 else 1.0)
-    logp_all = F.log_softmax(logits, -1)
-    lp = torch.zeros(len(seqs), n, device=dev)
+    return ids.to(device), att.to(device)
+
+def scores_from_logits(logits: torch.Tensor, ids: torch.Tensor, temperature: float = 1.0, with_entropy: bool = True):
+    "Per-token logprob (and entropy) of `ids` under next-token `logits` [B, n, V]; position j scores token j (j ≥ 1)."
+    logp_all = F.log_softmax(logits[:, :-1].float() / (temperature if temperature > 0 else 1.0), -1)
+    lp = torch.zeros(ids.shape, device=ids.device)
     lp[:, 1:] = logp_all.gather(2, ids[:, 1:, None]).squeeze(2)
-    ent = torch.zeros(len(seqs), n, device=dev)
+    ent = torch.zeros(ids.shape, device=ids.device)
     if with_entropy: ent[:, 1:] = -(logp_all.exp() * logp_all).sum(-1)
+    return lp, ent
+
+def token_logprobs(model, seqs: list[list[int]], temperature: float = 1.0, pad_id: int = 0, with_entropy: bool = True):
+    "Per-token logprob of each next token (and entropy) for right-padded `seqs` under an HF causal LM, and the attention mask."
+    ids, att = pad_right(seqs, pad_id, next(model.parameters()).device)
+    lp, ent = scores_from_logits(model(input_ids=ids, attention_mask=att).logits, ids, temperature, with_entropy)
     return lp, ent, att
 
 # %% ../nbs/30_training.ipynb #ecd28c4c

@@ -60,3 +60,72 @@ def test_sglang_layout_files_match_the_plans():
     from scope_nb.launch import layout_files
     have = {p.name: p.read_text() for p in (ROOT / "configs" / "sglang").glob("*.json")}
     assert have == layout_files(), "regenerate configs/sglang from scope_nb.launch.layout_files()"
+
+
+def test_every_plans_train_command_is_accepted_by_scope():
+    "The trainer command each plan would start parses with the real `scope` parser into the Ray backend it describes."
+    from scope_nb.cli import _parser
+    from scope_nb.launch import plan_launch
+    from scope_nb.experiments import EXPERIMENTS
+    seen = 0
+    for e in EXPERIMENTS.values():
+        for a in e.scales.get("gpu", (None, []))[1]:
+            if a.overrides.get("run", {}).get("steps") == 0: continue
+            for trainer in ("fsdp", "megatron"):
+                plan = plan_launch(e.name, a.name, trainer=trainer)
+                cmd = plan.processes[-1]
+                assert cmd[:2] == ["scope", "train"]
+                args = _parser().parse_args(cmd[1:])
+                per = len(plan.groups[0].gpus)
+                assert (args.backend, args.trainer, args.trainer_world, args.workers, args.gpus_per_rank) == ("ray", trainer, per, per, 1.0)
+                assert args.engine_urls.split(",") == [f"http://127.0.0.1:{q}" for q in plan.groups[0].engine_ports]
+                assert bool(args.user_engine_urls) == (len(plan.groups) == 2)
+                seen += 1
+    assert seen >= 40
+
+
+STAND_IN = """
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404); self.end_headers()
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_run_plan_starts_waits_and_stops_only_its_processes(tmp_path):
+    "A non-dry launch with stand-ins for Ray, SGLang and the trainer: engines awaited on /health, trainer's status returned, the rest stopped."
+    from scope_nb.fsdp import free_port
+    from scope_nb.launch import _alive, plan_launch, run_plan
+    plan = plan_launch("table1-tau2-retail", "co-training", out=str(tmp_path), gpus=2, base_port=free_port())
+    for g in plan.groups: g.engine_ports = [free_port() for _ in g.gpus]
+    py = sys.executable
+    plan.processes = ([[py, "-c", "import time; time.sleep(600)"]]
+                      + [[f"CUDA_VISIBLE_DEVICES={gpu}", py, "-c", STAND_IN, str(port)] for g in plan.groups for gpu, port in zip(g.gpus, g.engine_ports)]
+                      + [[py, "-c", "import os, sys; print(os.environ.get('CUDA_VISIBLE_DEVICES')); sys.exit(3)"]])
+    lines = []
+    assert run_plan(plan, ready_timeout=60, echo=lines.append) == 3
+    run_dir = Path(plan.config["run"]["out_dir"]) / plan.config["run"]["name"]
+    assert (run_dir / "config.toml").exists()
+    import json
+    rec = json.loads((run_dir / "launch" / "pids.json").read_text())
+    assert [r["name"] for r in rec] == ["ray-head", "engine-agent-gpu0", "engine-user-gpu1", "trainer"]
+    assert sum("ready on port" in l for l in lines) == 2 and sum("sent SIGTERM" in l for l in lines) == 3
+    import time
+    for _ in range(50):
+        if not any(_alive(r["pid"]) for r in rec): break
+        time.sleep(0.1)
+    assert not any(_alive(r["pid"]) for r in rec)
+    assert (run_dir / "launch" / "trainer.log").read_text().strip() == "None"   # engines got their GPU, the trainer none
+
+
+def test_run_plan_names_the_log_of_an_engine_that_dies(tmp_path):
+    from scope_nb.fsdp import free_port
+    from scope_nb.launch import plan_launch, run_plan
+    plan = plan_launch("table1-tau2-retail", "rl-single", out=str(tmp_path), gpus=1, base_port=free_port())
+    py = sys.executable
+    plan.processes = [[py, "-c", "import time; time.sleep(600)"], [py, "-c", "import sys; sys.exit('no GPU')"], [py, "-c", "pass"]]
+    lines = []
+    assert run_plan(plan, ready_timeout=60, echo=lines.append) == 1
+    assert any("engine-agent-gpu0 exited before it was ready" in l and "engine-agent-gpu0.log" in l for l in lines), lines

@@ -1,11 +1,13 @@
 """HF -> Megatron -> HF conversion is exact for tiny Llama / Qwen2 / Qwen3 configs, the converted weights load strictly into
-real megatron-core GPTModels built on the CPU, and the derived TransformerConfig matches the HF config's fields."""
-import os, warnings
+real megatron-core GPTModels built on the CPU, the derived TransformerConfig matches the HF config's fields, and MegatronTrainer
+with tensor parallelism 2 over gloo gives the single-process GRPOTrainer's gradients and weights."""
+import os, pickle, warnings
 import pytest
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
-from scope_nb.fsdp import free_port
+from scope_nb.fsdp import free_port, init_local_group
 from scope_nb.megatron import gpt_model_kwargs, hf_to_megatron, megatron_config_kwargs, megatron_to_hf
 
 warnings.filterwarnings("ignore", message=".*Transformer Engine.*")
@@ -66,3 +68,60 @@ def test_roundtrip_and_strict_load(megatron, hf_cfg, cls):
 def test_unsupported_configs_are_named():
     from transformers import GPT2Config
     with pytest.raises(ValueError, match="model_type 'gpt2'"): megatron_config_kwargs(GPT2Config())
+
+
+# --- MegatronTrainer: tensor-parallel GRPO gives the single-process trainer's numbers ---------------------------------
+def _megatron_run(path, tp, rank):
+    "Three GRPO steps with MegatronTrainer on this rank; rank 0 saves first-step gradients and final weights in HF layout."
+    from test_fsdp import CFG, _policy
+    from scope_nb.megatron_train import MegatronTrainer, tp_unshard
+    batches = pickle.loads(open(path + ".in", "rb").read())
+    tr = MegatronTrainer(_policy(), CFG)
+    grads, norms = None, []
+    for i, items in enumerate(batches):
+        norms.append(tr.step(items)["grad_norm"])
+        if i == 0:
+            mine = {n: p.grad.detach().clone() for n, p in tr.model.named_parameters()}
+            parts = [mine] if tp == 1 else [{} for _ in range(tp)]
+            for n, g in mine.items():
+                if tp == 1: continue
+                got = [torch.empty_like(g) for _ in range(tp)]
+                dist.all_gather(got, g.contiguous())
+                for r in range(tp): parts[r][n] = got[r]
+            grads = megatron_to_hf(tp_unshard(parts, tr.hf_config.vocab_size), tr.hf_config)
+    params = tr.full_state_dict()
+    assert all(torch.equal(params[k], v) for k, v in tr.policy.model.state_dict().items())   # the HF policy follows
+    if rank == 0: torch.save((grads, params, norms), path + ".out")
+
+
+def _megatron_rank(rank, world, port, path):
+    torch.set_num_threads(1)
+    init_local_group(rank, world, port)
+    try: _megatron_run(path, world, rank)
+    finally: dist.destroy_process_group()
+
+
+def test_megatron_tp2_matches_single_process(tmp_path):
+    from test_fsdp import CFG, _batches, _grads_and_params, _policy
+    from scope_nb.grpo import GRPOTrainer
+    batches = _batches()
+    ref = GRPOTrainer(_policy(), CFG)
+    want_g, want_p = _grads_and_params(ref, batches[:1], lambda t: t.clone())
+    want_norms = [ref.step(items)["grad_norm"] for items in batches[1:]]
+    want_p = {n: p.detach().clone() for n, p in ref.model.named_parameters()}
+    path = str(tmp_path / "mg")
+    open(path + ".in", "wb").write(pickle.dumps(batches))
+    mp.spawn(_megatron_rank, args=(2, free_port(), path), nprocs=2, join=True)
+    got_g, got_p, got_norms = torch.load(path + ".out")
+    assert set(got_g) == set(want_g)
+    torch.testing.assert_close(got_norms[1:], want_norms, rtol=1e-5, atol=0)   # the global norm over split and replicated tensors
+    for n in want_g:
+        torch.testing.assert_close(got_g[n], want_g[n], rtol=1e-5, atol=1e-6, msg=f"gradient of {n}")
+        torch.testing.assert_close(got_p[n], want_p[n], rtol=1e-5, atol=1e-6, msg=f"parameter {n} after 3 steps")
+    moved = max(float((want_p[n] - p0).abs().max().detach()) for n, p0 in _policy().model.named_parameters())
+    assert moved > 1e-3
+
+
+def test_megatron_tp_must_divide_groups():
+    from scope_nb.megatron_train import build_gpt
+    with pytest.raises(ValueError, match="must divide num_key_value_heads"): build_gpt(CASES[0][0], tp=4)
