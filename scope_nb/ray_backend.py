@@ -20,23 +20,31 @@ class RolloutWorker:
     "Builds the run's environment and speakers from a config dict; runs a block of a step's tasks (optionally on an SGLang engine)."
     def __init__(self, cfg_dict: dict, engine_url: str | None = None, user_engine_url: str | None = None):
         import torch
+        torch.set_num_threads(1)
+        self.cfg = validate(from_dict(Config, cfg_dict))
+        self.urls, self.agent = (engine_url, user_engine_url), None
+
+    def _build(self):
+        "Speakers are built at the first rollout, after the run loop has built its own (and seeded a pool simulator's pool)."
         from scope_nb.envs import make_env
         from scope_nb.sim_modes import Servers, build_speaker, build_user
-        torch.set_num_threads(1)
-        self.cfg = cfg = validate(from_dict(Config, cfg_dict))
+        from scope_nb.sglang_client import SGLangEngine
+        cfg = self.cfg
         self.env = make_env(cfg.env.name, cfg.env.max_turns)
         self.servers = Servers()
         self.agent = build_speaker(cfg.agent.model, cfg.agent, self.env, "agent", cfg.run.seed, cfg.agent.train, self.servers)
-        self.user = build_user(cfg.user, self.env, cfg.run.seed + 1, self.agent, self.servers)
-        from scope_nb.sglang_client import SGLangEngine
+        self.user = build_user(cfg.user, self.env, cfg.run.seed + 1, self.agent, self.servers, cfg.run_dir)
         # a trainable policy generates on its SGLang engine; the local copy only renders prompts and token streams
-        if engine_url: self.agent.engine = SGLangEngine(engine_url)
-        if user_engine_url: self.user.engine = SGLangEngine(user_engine_url)
+        if self.urls[0]: self.agent.engine = SGLangEngine(self.urls[0])
+        if self.urls[1]: self.user.engine = SGLangEngine(self.urls[1])
 
     def rollout(self, tasks, G, roles, temps, step, first_group, weights) -> RolloutResult:
         "Run `tasks`; `weights` maps role -> state dict for each trainable local policy whose weights moved."
+        from scope_nb.sim_modes import PoolSpeaker
+        if self.agent is None: self._build()
         speakers = {"agent": self.agent, "user": self.user}
         for role, sd in (weights or {}).items(): speakers[role].model.load_state_dict(sd)
+        if isinstance(self.user, PoolSpeaker): self.user.pool.refresh()   # the run loop adds checkpoints; all read the same folder
         for k, sp in enumerate({id(s): s for s in speakers.values()}.values()): sp.reseed(_seed(self.cfg.run.seed, step, k))
         return rollout(self.env, tasks, G, speakers, roles, temps, step=step, first_group=first_group)
 
@@ -125,9 +133,6 @@ class RayBackend:
                  gpus_per_rank: float = 0.0, user_engine_urls: list[str] | None = None):
         import ray
         u = cfg.user
-        if u.mode == "pool" or u.model == "same":
-            raise ConfigError("the Ray backend does not run pool simulators or self-play yet (user.mode = 'pool', user.model = 'same'); "
-                              "run them without --backend ray")
         if workers < 1: raise ConfigError(f"--workers {workers}: need at least one rollout worker")
         if trainer not in TRAINERS: raise ConfigError(f"--trainer {trainer!r}: use one of {', '.join(TRAINERS)}")
         if trainer_world < 1 or (trainer == "torch" and trainer_world != 1):
@@ -135,7 +140,8 @@ class RayBackend:
         for flag, urls in (("--engine-urls", engine_urls), ("--user-engine-urls", user_engine_urls)):
             if urls and len(urls) != workers:
                 raise ConfigError(f"{flag}: give one SGLang engine per rollout worker ({workers}), got {len(urls)}")
-        if user_engine_urls and not u.train: raise ConfigError("--user-engine-urls: only a trained simulator (user.train = true) has engines of its own")
+        if user_engine_urls and (not u.train or u.model == "same"):
+            raise ConfigError("--user-engine-urls: only a trained simulator (user.train = true, not self-play) has engines of its own")
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         self.started = not ray.is_initialized()
         if self.started:

@@ -101,9 +101,14 @@ class CheckpointPool:
         if size < 1: raise ValueError(f"user.pool_size must be >= 1, got {size}")
         self.root, self.size = Path(root), size
         self.root.mkdir(parents=True, exist_ok=True)
+        self.refresh()
+
+    def refresh(self) -> "CheckpointPool":
+        "Re-read the manifest (another process, e.g. the run loop behind Ray rollout workers, may have added entries)."
         m = self.root / "manifest.json"
         self.entries: list[dict] = json.loads(m.read_text())["entries"] if m.exists() else []
         self.next_id = max((e["id"] for e in self.entries), default=-1) + 1
+        return self
 
     def _save_manifest(self):
         atomic_write_text(self.root / "manifest.json", json.dumps({"size": self.size, "entries": self.entries}, indent=1))
@@ -146,6 +151,7 @@ class PoolSpeaker(Speaker):
         self.current, self.pool, self.sampling, self.seed = current, pool, sampling, seed
         self.name, self.trainable = current.name, current.trainable
         self.entry, self._loaded, self._opponent = None, None, None
+        self.engine = None   # optional rollout engine (37_sglang) that plays the drawn entry, its weights loaded from the entry's folder
 
     def reseed(self, seed: int):
         self.seed = seed
@@ -160,6 +166,9 @@ class PoolSpeaker(Speaker):
             c = self.current
             self._opponent = LocalPolicy(model, c.tok, name=f"{c.name}@pool{self.entry['id']}", temperature=c.temperature,
                                          max_new_tokens=c.max_new_tokens, seed=self.seed)
+            self._opponent.episode_seeded = c.episode_seeded   # the user's `seeding` holds for pool opponents too
+            if self.engine is not None:
+                self.engine.update_weights_from_disk(self.pool.path(self.entry)); self._opponent.engine = self.engine
             self._loaded = self.entry["id"]
         self._opponent.reseed(self.seed)
         return self._opponent

@@ -1,13 +1,16 @@
-"""Run inside a loopback-only network namespace (tests/test_ray.py): lab runs single-process and on a local Ray cluster;
-writes each run's metric rows (without timings) as JSON to argv[1]/rows.json.
+"""Run inside a loopback-only network namespace (tests/test_ray.py): runs single-process and on a local Ray cluster;
+writes each run's metric rows (without timings) as JSON to argv[1]/rows.json (argv[2]: optional comma-separated subset).
 
-- single / ray: RL (Single), 2 rollout workers and a one-rank torch trainer;
-- cot-single / cot-fsdp / cot-megatron: Co-Training (agent and simulator both trained), 2 rollout workers and one
-  2-rank trainer group per policy (FSDP2 or megatron-core tensor parallelism over gloo), each in its placement group."""
+- single / ray: lab RL (Single), 2 rollout workers and a one-rank torch trainer;
+- cot-single / cot-fsdp / cot-megatron: lab Co-Training (agent and simulator both trained), 2 rollout workers and one
+  2-rank trainer group per policy (FSDP2 or megatron-core tensor parallelism over gloo), each in its placement group;
+- pop-single / pop-ray: lab Population Co-Training (a checkpoint pool the workers read from the run folder);
+- sp-single / sp-ray: self-play on the echo task (user.model = "same": one policy trained on both roles)."""
 import json, sys, warnings
+from pathlib import Path
 warnings.filterwarnings("ignore")
 import torch
-from scope_nb.config import Config, from_dict, validate
+from scope_nb.config import Config, from_dict, load_config, validate
 from scope_nb.experiments import experiment_dicts
 from scope_nb.ray_backend import RayBackend
 from scope_nb.report import load_run
@@ -16,14 +19,27 @@ from scope_nb.run import train
 torch.set_num_threads(1)
 out = sys.argv[1]
 only = sys.argv[2].split(",") if len(sys.argv) > 2 else None
+HERE_ROOT = Path(__file__).resolve().parents[1]
 RUNS = {"single": ("rl-single", None), "ray": ("rl-single", ("torch", 1)),
-        "cot-single": ("co-training", None), "cot-fsdp": ("co-training", ("fsdp", 2)), "cot-megatron": ("co-training", ("megatron", 2))}
+        "cot-single": ("co-training", None), "cot-fsdp": ("co-training", ("fsdp", 2)), "cot-megatron": ("co-training", ("megatron", 2)),
+        "pop-single": ("population", None), "pop-ray": ("population", ("torch", 1)),
+        "sp-single": ("self-play", None), "sp-ray": ("self-play", ("torch", 1))}
+
+
+def config(name, arm):
+    if arm == "self-play":
+        return load_config(HERE_ROOT / "configs" / "echo_tiny.toml", [
+            "user.model=same", "user.train=true", "user.temperature=1.0", "run.steps=6", f"run.out_dir={out}", f"run.name={name}",
+            "agent.seeding=episode", "eval.every=3", "checkpoint.every=3"])
+    d = experiment_dicts("collapse-lab", "lab", (0,), f"{out}/{name}", [arm], steps=6)[0]
+    d["agent"]["seeding"] = "episode"; d["user"]["seeding"] = "episode"; d["eval"]["every"] = 3; d["checkpoint"]["every"] = 3
+    return validate(from_dict(Config, d))
+
+
 rows = {}
 for name, (arm, ray) in RUNS.items():
     if only and name not in only: continue
-    d = experiment_dicts("collapse-lab", "lab", (0,), f"{out}/{name}", [arm], steps=6)[0]
-    d["agent"]["seeding"] = "episode"; d["user"]["seeding"] = "episode"; d["eval"]["every"] = 3; d["checkpoint"]["every"] = 3
-    cfg = validate(from_dict(Config, d))
+    cfg = config(name, arm)
     backend = RayBackend(cfg, workers=2, num_cpus=4, trainer=ray[0], trainer_world=ray[1]) if ray else None
     try: train(cfg, progress=False, backend=backend)
     finally:

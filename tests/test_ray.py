@@ -1,6 +1,6 @@
 """A local Ray cluster (2 rollout workers + a trainer actor) reproduces a single-process lab run's metrics, and so does
-Co-Training with a 2-rank FSDP2 or megatron-core (tensor-parallel) trainer group per policy; Ray shuts down and leaves no
-process behind. Runs in a network namespace with only loopback, since Ray probes outside addresses."""
+Co-Training with a 2-rank FSDP2 or megatron-core (tensor-parallel) trainer group per policy, Population Co-Training and self-play;
+Ray shuts down and leaves no process behind. Runs in a network namespace with only loopback, since Ray probes outside addresses."""
 import json, math, os, shutil, subprocess, sys, time
 from pathlib import Path
 import pytest
@@ -35,6 +35,10 @@ def test_ray_run_matches_single_process(tmp_path):
     # split trainers differ from one process only in float summation order (~1e-7), so sampled episodes are identical
     for kind in ("cot-fsdp", "cot-megatron"): same(rows["cot-single"], rows[kind], 1e-4, 1e-6)
     assert all(x.get("sim/grad_norm", 0) > 0 for x in rows["cot-single"][1:])   # the simulator trained too
+    same(rows["pop-single"], rows["pop-ray"], 1e-5, 1e-7)   # workers read the run loop's checkpoint pool from the run folder
+    assert rows["pop-single"][4]["sim/pool_size"] == 2
+    same(rows["sp-single"], rows["sp-ray"], 1e-5, 1e-7)     # self-play: the worker's user is its agent
+    assert rows["sp-single"][1]["sim/reward"] is not None and rows["sp-single"][1]["train/loss"]
     for _ in range(30):   # worker processes exit asynchronously after ray.shutdown(); give them a few seconds
         if _ray_processes() == before: break
         time.sleep(0.5)

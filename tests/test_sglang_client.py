@@ -82,3 +82,34 @@ def test_faults_retries_and_errors(setup):
     paths = [p for p, _ in fake.requests]
     k = paths.index("/release_memory_occupation")
     assert paths[k:].count("/resume_memory_occupation") == 1 and "/flush_cache" in paths[k:] and paths[-1] == "/generate"
+
+
+def test_pool_opponent_plays_on_the_engine_loaded_from_the_entry_folder(setup, tmp_path):
+    "Population Co-Training on engines: the simulator's engine loads the drawn pool entry from disk whenever the draw changes."
+    from scope_nb.sim_modes import CheckpointPool, PoolSpeaker
+    pol, fake = setup
+    user = tiny_policy(LAB_VOCAB, hidden=32, layers=1, seed=7, name="user", trainable=True, temperature=1.0, max_new_tokens=2)
+    pool = CheckpointPool(tmp_path / "pool", 5)
+    pool.add(user.model, user.tok, 0)
+    with torch.no_grad():
+        for p in user.model.parameters(): p.add_(0.5 * torch.randn_like(p))   # a second, clearly different entry
+    pool.add(user.model, user.tok, 4)
+    sp = PoolSpeaker(user, pool, "uniform", seed=0)
+    sp.engine = SGLangEngine(fake.url, retries=2, backoff=0.01)
+    pol.engine = None                                                        # the agent generates locally here
+    env, seen = LabEnv(), []
+    for seed in range(8):
+        sp.reseed(seed)
+        res = rollout(env, env.sample_tasks("train", 2, np.random.default_rng(seed)), 2, {"agent": pol, "user": sp}, ("user",))
+        entry = sp.entry
+        seen.append(entry["id"])
+        loads = [b["model_path"] for p, b in fake.requests if p == "/update_weights_from_disk"]
+        assert loads and loads[-1] == str(pool.path(entry))                  # the engine holds the drawn entry
+        opp = type(user.model).from_pretrained(pool.path(entry)).eval()
+        for e in res.episodes:                                               # and the replies were sampled by it
+            t = e.trajectories["user"]
+            with torch.no_grad(): lp, _, _ = token_logprobs(opp, [t.token_ids], 1.0, user.pad_id, with_entropy=False)
+            m = torch.tensor(t.loss_mask, dtype=torch.bool)
+            assert float((lp[0][m] - torch.tensor(t.logprobs)[m]).abs().max()) < 1e-5
+    changes = sum(a != b for a, b in zip(seen, seen[1:]))
+    assert set(seen) == {0, 1} and len([b for p, b in fake.requests if p == "/update_weights_from_disk"]) == changes + 1
