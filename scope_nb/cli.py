@@ -90,6 +90,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--gpus-per-rank", type=float, default=0.0, help="--backend ray: GPUs each trainer rank reserves (0 on CPUs)")
     t.add_argument("--engine-urls", default="", help="--backend ray: comma-separated SGLang engines for the agent, one per worker")
     t.add_argument("--user-engine-urls", default="", help="--backend ray: SGLang engines for a trained simulator, one per worker")
+    t.add_argument("--colocate", action="store_true", help="--backend ray: engines share their trainer group's GPUs (release memory while it trains)")
     v = sub.add_parser("simulate-vs", help="N dialogues of a frozen agent against a Verbalized Sampling simulator; JSONL + summary")
     v.add_argument("--env", default="ask"); v.add_argument("--agent", default="llama:smollm2"); v.add_argument("--sim", default="llama:smollm2")
     v.add_argument("--episodes", type=int, default=10); v.add_argument("--n", type=int, default=5)
@@ -186,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
                 from scope_nb.ray_backend import RayBackend
                 urls = lambda v: [u for u in v.split(",") if u]
                 backend = RayBackend(cfg, args.workers, args.ray_address, engine_urls=urls(args.engine_urls), trainer=args.trainer,
-                                     trainer_world=args.trainer_world, gpus_per_rank=args.gpus_per_rank, user_engine_urls=urls(args.user_engine_urls))
+                                     trainer_world=args.trainer_world, gpus_per_rank=args.gpus_per_rank, user_engine_urls=urls(args.user_engine_urls),
+                                     colocate=args.colocate)
             try: run_dir = train(cfg, resume=args.resume, progress=not args.no_progress, backend=backend)
             finally:
                 if backend is not None: backend.close()

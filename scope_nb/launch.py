@@ -92,7 +92,8 @@ def plan_launch(experiment: str, arm: str, seed: int = 0, settings: str = "paper
     if trainer not in ("fsdp", "megatron"): raise ConfigError(f"--trainer {trainer!r}: use fsdp or megatron")
     urls = lambda g: ",".join(f"http://127.0.0.1:{q}" for q in g.engine_ports)
     train = ["scope", "train", str(run_dir / "config.toml"), "--backend", "ray", "--ray-address", f"127.0.0.1:{base_port - 1}",
-             "--workers", str(per), "--trainer", trainer, "--trainer-world", str(per), "--gpus-per-rank", "1", "--engine-urls", urls(groups[0])]
+             "--workers", str(per), "--trainer", trainer, "--trainer-world", str(per), "--gpus-per-rank", "1", "--colocate",
+             "--engine-urls", urls(groups[0])]
     if len(groups) > 1: train += ["--user-engine-urls", urls(groups[1])]
     procs.append(train)
     return LaunchPlan(experiment, arm, cfg, groups, api, env_vars, base_port - 1, procs, trainer)

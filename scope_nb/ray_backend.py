@@ -113,16 +113,25 @@ class _RemoteOpt:
             raise ConfigError(f"checkpoint optimizer has {len(states)} rank(s), the trainer group {len(self.actors)}: resume with the same --trainer-world")
         ray.get([a.load_opt.remote(s) for a, s in zip(self.actors, states)])
 
+def _each(urls: list[str], call: str, *args) -> None:
+    "Call SGLangEngine(url).<call>(*args) on every engine at once."
+    from concurrent.futures import ThreadPoolExecutor
+    from scope_nb.sglang_client import SGLangEngine
+    with ThreadPoolExecutor(max(1, len(urls))) as ex: list(ex.map(lambda u: getattr(SGLangEngine(u), call)(*args), urls))
+
 class RemoteTrainer:
     "Driver-side handle of a trainer group: `step` sends items to every rank, loads the new weights into the driver's policy."
-    def __init__(self, actors, policy, pg=None):
-        self.actors, self.policy, self.pg = actors, policy, pg
+    def __init__(self, actors, policy, pg=None, colocated_engines: list[str] | None = None):
+        self.actors, self.policy, self.pg, self.engines = actors, policy, pg, list(colocated_engines or [])
         self.opt, self._synced, self.version = _RemoteOpt(actors), False, 0
     def step(self, items) -> dict:
         import ray
         # the driver's weights are the truth: send them once (after construction or a resumed checkpoint)
         weights = None if self._synced else {k: v.detach().cpu() for k, v in self.policy.model.state_dict().items()}
-        stats, new = ray.get([a.step.remote(items, weights) for a in self.actors])[0]
+        if self.engines: _each(self.engines, "release_memory")   # engines sharing the trainer's GPUs step aside while it trains
+        try: stats, new = ray.get([a.step.remote(items, weights) for a in self.actors])[0]
+        finally:
+            if self.engines: _each(self.engines, "resume_memory")
         self.policy.model.load_state_dict(new); self._synced = True; self.version += 1
         return stats
 
@@ -130,7 +139,7 @@ class RayBackend:
     "Rollouts on `workers` RolloutWorker actors and updates on one trainer group per trainable policy, on a (local or given) Ray cluster."
     def __init__(self, cfg: Config, workers: int = 2, address: str | None = None, num_cpus: int | None = None,
                  engine_urls: list[str] | None = None, weights_dir=None, trainer: str = "torch", trainer_world: int = 1,
-                 gpus_per_rank: float = 0.0, user_engine_urls: list[str] | None = None):
+                 gpus_per_rank: float = 0.0, user_engine_urls: list[str] | None = None, colocate: bool = False):
         import ray
         u = cfg.user
         if workers < 1: raise ConfigError(f"--workers {workers}: need at least one rollout worker")
@@ -148,7 +157,7 @@ class RayBackend:
             local = {} if address else {"num_cpus": num_cpus or os.cpu_count(), "_node_ip_address": "127.0.0.1"}   # a cluster sets its own
             ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False, **local)
         self.cfg, self.cfg_dict = cfg, to_dict(cfg)
-        self.kind, self.world, self.gpus = trainer, trainer_world, gpus_per_rank
+        self.kind, self.world, self.gpus, self.colocate = trainer, trainer_world, gpus_per_rank, colocate
         W = ray.remote(num_cpus=0.5)(RolloutWorker)
         self.engines = {"agent": list(engine_urls or []), "user": list(user_engine_urls or [])}
         self.workers = [W.remote(self.cfg_dict, *[self.engines[r][i] if self.engines[r] else None for r in ("agent", "user")]) for i in range(workers)]
@@ -171,21 +180,18 @@ class RayBackend:
         master = ray.get(actors[0].address.remote()) if self.kind != "torch" else None
         ray.get([a.setup.remote(master) for a in actors])
         self.trainers += actors
-        rt = self.groups[role] = RemoteTrainer(actors, policy, pg)
+        rt = self.groups[role] = RemoteTrainer(actors, policy, pg, self.engines[role] if self.colocate else None)
         return rt
 
     def _push_weights(self, policy, role: str, version: int):
         "Save a trained policy's weights and load them into its own engines (never the other role's)."
         import shutil
-        from concurrent.futures import ThreadPoolExecutor
-        from scope_nb.sglang_client import SGLangEngine
         path = self.weights_dir / f"{role}_v{version:06d}"
         tmp = path.with_name(path.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         policy.model.save_pretrained(tmp); policy.tok.save_pretrained(tmp)
         os.replace(tmp, path)
-        urls = self.engines[role]
-        with ThreadPoolExecutor(len(urls)) as ex: list(ex.map(lambda u: SGLangEngine(u).update_weights_from_disk(path), urls))
+        _each(self.engines[role], "update_weights_from_disk", path)
         for old in self.weights_dir.glob(f"{role}_v*"):
             if old != path: shutil.rmtree(old, ignore_errors=True)
 

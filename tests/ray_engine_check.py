@@ -20,7 +20,7 @@ d["eval"]["every"] = 2; d["checkpoint"]["every"], d["checkpoint"]["keep"] = 1, 5
 cfg = validate(from_dict(Config, d))
 base = lab_agent(seed=0, name="agent", trainable=True, temperature=1.0, max_new_tokens=2)
 fakes = [FakeSGLang(copy.deepcopy(base.model), base.pad_id, seed=i) for i in range(2)]
-backend = RayBackend(cfg, workers=2, num_cpus=2, engine_urls=[f.url for f in fakes])
+backend = RayBackend(cfg, workers=2, num_cpus=2, engine_urls=[f.url for f in fakes], colocate=True)
 try: train(cfg, progress=False, backend=backend)
 finally: backend.close()
 # the step-4 rollouts were sampled by the engines after they loaded the step-3 weights: the trainer's step-3
@@ -34,7 +34,8 @@ for e in read_jsonl(cfg.run_dir / "trajectories" / "step_000004.jsonl"):
     gap = max(gap, max(abs(float(lp[0][j]) - t.logprobs[j]) for j, mk in enumerate(t.loss_mask) if mk))
 res = {"gap_step4_vs_step3_weights": gap,
        "paths": [[p for p, _ in f.requests] for f in fakes],
-       "update_paths": [[b["model_path"] for p, b in f.requests if p == "/update_weights_from_disk"] for f in fakes]}
+       "update_paths": [[b["model_path"] for p, b in f.requests if p == "/update_weights_from_disk"] for f in fakes],
+       "calls": [[p for p, _ in f.requests if p != "/generate"] for f in fakes]}
 for f in fakes: f.close()
 json.dump(res, open(out / "engines.json", "w"))
 print("done")

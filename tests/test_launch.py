@@ -77,7 +77,7 @@ def test_every_plans_train_command_is_accepted_by_scope():
                 assert cmd[:2] == ["scope", "train"]
                 args = _parser().parse_args(cmd[1:])
                 per = len(plan.groups[0].gpus)
-                assert (args.backend, args.trainer, args.trainer_world, args.workers, args.gpus_per_rank) == ("ray", trainer, per, per, 1.0)
+                assert (args.backend, args.trainer, args.trainer_world, args.workers, args.gpus_per_rank, args.colocate) == ("ray", trainer, per, per, 1.0, True)
                 assert args.engine_urls.split(",") == [f"http://127.0.0.1:{q}" for q in plan.groups[0].engine_ports]
                 assert bool(args.user_engine_urls) == (len(plan.groups) == 2)
                 seen += 1

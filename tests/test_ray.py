@@ -46,7 +46,7 @@ def test_ray_run_matches_single_process(tmp_path):
 
 
 def test_ray_workers_generate_on_their_engines_with_synced_weights(tmp_path):
-    "Each worker's agent samples on its own SGLang engine; after every update the engines load the trainer's weights."
+    "Each worker's agent samples on its own SGLang engine; engines release memory while the trainer steps, then load its weights."
     before = _ray_processes()
     cmd = f"ip link set lo up && cd {HERE} && exec {sys.executable} {HERE / 'ray_engine_check.py'} {tmp_path}"
     r = subprocess.run(["unshare", "-n", "bash", "-c", cmd], capture_output=True, text=True, timeout=900,
@@ -57,6 +57,10 @@ def test_ray_workers_generate_on_their_engines_with_synced_weights(tmp_path):
         assert paths.count("/generate") == 4 * 2            # 4 steps x 2 agent turns, every step on both engines
         assert len(updates) == 3 and len(set(updates)) == 3  # weights pushed before steps 2, 3 and 4
     assert res["update_paths"][0] == res["update_paths"][1]
+    for calls in res["calls"]:   # colocated: every update is bracketed by release/resume, and weights load after the resume
+        assert calls.count("/release_memory_occupation") == calls.count("/resume_memory_occupation") == 4   # one per step
+        for i, c in enumerate(calls):
+            if c == "/update_weights_from_disk": assert calls[i - 1] == "/resume_memory_occupation", calls
     assert res["gap_step4_vs_step3_weights"] < 1e-5
     for _ in range(30):
         if _ray_processes() == before: break

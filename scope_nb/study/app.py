@@ -45,10 +45,10 @@ def panel(env, task_type: str, task) -> dict:
             "need, share the details it asks for, and end the chat when your request is handled or cannot be.",
             "persona": str(getattr(sc, "instructions", sc))}
 
-def visible(turns: list[dict]) -> list[dict]:
-    "The chat as the participant sees it: their messages and the agent's text (tool traffic hidden)."
-    return [{"role": "you" if t["role"] == "user" else "agent", "text": t["content"]} for t in turns
-            if t["role"] in ("user", "agent") and t["content"]]
+def visible(state) -> list[dict]:
+    "The chat as the participant sees it (τ²'s opening greeting included, tool traffic hidden)."
+    return [{"role": "you" if t.speaker == "user" else "agent", "text": t.message.content} for t in state.conversation.turns
+            if t.message.role == "assistant" and t.message.content]
 
 class Sessions:
     "Environment state per session, rebuilt from stored turns when absent (e.g. after a restart)."
@@ -248,7 +248,7 @@ def create_app(cfg: StudyConfig, store: Store | None = None):
     def snapshot(row) -> dict:
         st = sessions.state(row)
         out = {"session_id": row["id"], "task_type": row["task_type"], "status": row["status"],
-               "panel": panel(sessions.env(row["task_type"]), row["task_type"], st.task), "turns": visible(store.turns(row["id"])),
+               "panel": panel(sessions.env(row["task_type"]), row["task_type"], st.task), "turns": visible(st),
                "limits": {"max_turns": cfg.max_turns, "max_chars": cfg.max_chars, "deadline": row["started"] + 60 * cfg.max_minutes},
                "agent_pending": row["status"] == "active" and st.next == "agent",
                "survey": {"items": list(TAU2_ITEMS if row["task_type"].startswith("tau2") else P4G_ITEMS), "donation": row["task_type"] == "p4g",
@@ -312,17 +312,18 @@ def create_app(cfg: StudyConfig, store: Store | None = None):
         await lock.acquire()
         try:
             row = store.session(row["id"])
-            if row["status"] != "active": lock.release(); return err(409, "this chat has ended")
-            if time.time() > row["started"] + 60 * cfg.max_minutes: lock.release(); return err(409, "the time for this chat is up; please press End")
-            if sum(t["role"] == "user" for t in store.turns(row["id"])) >= cfg.max_turns:
-                lock.release(); return err(409, f"you have sent the maximum of {cfg.max_turns} messages; please press End")
             st = sessions.state(row)
-            if st.next != "user": lock.release(); return err(409, "the assistant has not answered yet; press Retry")
-            store.add_turns(row["id"], [{"role": "user", "content": text}])   # on disk before the acknowledgement (and before the state moves)
-            sessions.env(row["task_type"]).apply(st, "user", text)
-        except Exception:
-            if lock.locked(): lock.release()
-            raise
+            refusal = ("this chat has ended" if row["status"] != "active" else
+                       "the time for this chat is up; please press End" if time.time() > row["started"] + 60 * cfg.max_minutes else
+                       "the assistant has not answered yet; press Retry" if st.next != "user" else
+                       f"you have sent the maximum of {cfg.max_turns} messages; please press End"
+                       if sum(t["role"] == "user" for t in store.turns(row["id"])) >= cfg.max_turns else None)
+            if refusal is None:
+                store.add_turns(row["id"], [{"role": "user", "content": text}])   # on disk before the acknowledgement (and before the state moves)
+                sessions.env(row["task_type"]).apply(st, "user", text)
+        except BaseException:
+            lock.release(); raise
+        if refusal: lock.release(); return err(409, refusal)
         async def events():
             try:
                 yield _sse("ack", {"text": text})

@@ -1,0 +1,117 @@
+"""Study app paths a small local model does not exercise, driven by a scripted OpenAI-compatible endpoint (a stand-in
+only where a fault or a specific reply must be injected): an agent tool call executed server-side by the real τ²
+environment and scored by tau2's evaluator, endpoint failures (retried, then a retry button, never a silent 0), and
+the message and time limits."""
+import json, os, threading, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import pytest
+from fastapi.testclient import TestClient
+from scope_nb.study.app import create_app
+from scope_nb.study.store import ARMS, Store, study_config
+
+
+class Scripted:
+    "An OpenAI-compatible /chat/completions that streams scripted replies: ('text', s), ('tool', name, args) or ('status', code)."
+    def __init__(self):
+        self.script, self.requests = [], []
+        me = self
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *a): pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                me.requests.append(body)
+                item = me.script.pop(0) if me.script else ("text", "ok")
+                if item[0] == "status":
+                    self.send_response(item[1]); self.end_headers(); return
+                self.send_response(200); self.send_header("Content-Type", "text/event-stream"); self.end_headers()
+                if item[0] == "text":
+                    deltas = [{"content": w + " "} for w in item[1].split()]
+                else:
+                    deltas = [{"tool_calls": [{"index": 0, "id": "call_1", "function": {"name": item[1], "arguments": ""}}]},
+                              {"tool_calls": [{"index": 0, "function": {"arguments": json.dumps(item[2])}}]}]
+                for d in deltas: self.wfile.write(f"data: {json.dumps({'choices': [{'delta': d}]})}\n\n".encode())
+                self.wfile.write(b"data: [DONE]\n\n")
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+
+@pytest.fixture()
+def setup(tmp_path, monkeypatch):
+    monkeypatch.setenv("SCOPE_STUDY_SECRET", "s"); monkeypatch.setenv("SCOPE_STUDY_ADMIN_TOKEN", "t")
+    ep = Scripted()
+    cfg = study_config({"study_id": "s1", "db_url": f"sqlite:///{tmp_path / 'db.sqlite'}", "max_turns": 2, "max_minutes": 5,
+                        "task_types": {"tau2-retail": ["5"]}, "arms": {a: {"base_url": ep.url, "model": a} for a in ARMS}})
+    with TestClient(create_app(cfg)) as c:
+        yield c, ep, cfg
+    ep.server.shutdown()
+
+
+def _events(r):
+    out = []
+    for chunk in r.text.strip().split("\n\n"):
+        lines = chunk.splitlines()
+        out.append((lines[0][7:], json.loads(lines[1][6:])))
+    return out
+
+
+def _start(c, pid="P1"):
+    return c.post("/api/start", json={"pid": pid, "study": "s1", "session": "x"}).json()
+
+
+def test_tool_call_runs_in_the_real_tau2_environment(setup):
+    c, ep, _ = setup
+    s = _start(c)
+    assert s["task_type"] == "tau2-retail" and s["turns"][0]["role"] == "agent"   # τ²'s canned greeting
+    ep.script = [("tool", "find_user_id_by_name_zip", {"first_name": "Yusuf", "last_name": "Rossi", "zip": "19122"}),
+                 ("text", "I found your account. How can I help?")]
+    evs = _events(c.post("/api/message", json={"session_id": s["session_id"], "text": "I am Yusuf Rossi, zip 19122"}))
+    kinds = [e for e, _ in evs]
+    assert kinds[:2] == ["ack", "turn"] and kinds[-2:] == ["turn", "done"] and set(kinds[2:-2]) == {"delta"}
+    assert "".join(d["text"] for e, d in evs if e == "delta") == "I found your account. How can I help? "
+    assert evs[1][1]["tool_calls"] == 1
+    # the second request carried the tool's answer from the τ² database back to the model
+    tool_msgs = [m for m in ep.requests[1]["messages"] if m["role"] == "tool"]
+    assert tool_msgs and "yusuf_rossi_9620" in tool_msgs[0]["content"]
+    assert ep.requests[0]["tools"] and any(t["function"]["name"] == "find_user_id_by_name_zip" for t in ep.requests[0]["tools"])
+    c.post("/api/end", json={"session_id": s["session_id"]})
+    rows = [json.loads(l) for l in c.get("/admin/export", headers={"Authorization": "Bearer t"}).text.splitlines()]
+    roles = [t["role"] for t in rows[0]["transcript"]]
+    assert roles == ["user", "agent", "tool", "agent"] and rows[0]["transcript"][1]["tool_calls"][0]["name"] == "find_user_id_by_name_zip"
+    assert rows[0]["tau2_reward"] == 0.0 and "reward_breakdown" in rows[0]["tau2_info"]   # scored by tau2 (task not done)
+
+
+def test_endpoint_failures_are_retried_then_offered_again_never_scored(setup):
+    c, ep, _ = setup
+    s = _start(c)
+    ep.script = [("status", 500), ("status", 429), ("text", "Hello there")]          # two faults, then an answer: retried inside
+    evs = _events(c.post("/api/message", json={"session_id": s["session_id"], "text": "hi"}))
+    assert evs[-2] == ("turn", {"text": "Hello there ", "tool_calls": 0}) and len(ep.requests) == 3
+    ep.script = [("status", 503)] * 4                                                  # all retries fail
+    evs = _events(c.post("/api/message", json={"session_id": s["session_id"], "text": "still there?"}))
+    assert evs[-1][0] == "error" and "Retry" in evs[-1][1]["message"]
+    again = _start(c)
+    assert again["agent_pending"] and again["turns"][-1] == {"role": "you", "text": "still there?"}   # the message was kept
+    r = c.post("/api/message", json={"session_id": s["session_id"], "text": "hello?"})
+    assert r.status_code == 409 and "Retry" in r.json()["error"]
+    ep.script = [("text", "Sorry, yes.")]
+    assert _events(c.post("/api/agent", json={"session_id": s["session_id"]}))[-2][0] == "turn"
+    assert not _start(c)["agent_pending"]
+
+
+def test_message_and_time_limits(setup):
+    c, ep, cfg = setup
+    s = _start(c)
+    for k in range(2):
+        assert _events(c.post("/api/message", json={"session_id": s["session_id"], "text": f"m{k}"}))[-1][0] == "done"
+    r = c.post("/api/message", json={"session_id": s["session_id"], "text": "one more"})
+    assert r.status_code == 409 and "maximum of 2 messages" in r.json()["error"]
+    s2 = _start(c, "P2")
+    store = c.app.state.store
+    with store.engine.begin() as con:   # the session started 6 minutes ago (limit: 5)
+        con.execute(store.t["sessions"].update().where(store.t["sessions"].c.id == s2["session_id"]).values(started=time.time() - 360))
+    r = c.post("/api/message", json={"session_id": s2["session_id"], "text": "late"})
+    assert r.status_code == 409 and "time for this chat is up" in r.json()["error"]
