@@ -1,6 +1,6 @@
 """A GRPO step of scope_nb vs TRL's GRPOTrainer on SmolLM2-135M, same batch, side by side.
 
-    .venv/bin/python bench/bench_grpo_vs_trl.py [--repeats 3] [--steps 3] [--prompts 4] [--group 4] [--max-new-tokens 32]
+    .venv/bin/python bench/bench_grpo_vs_trl.py [--repeats 3] [--steps 2] [--prompts 4] [--group 4] [--max-new-tokens 32]
 
 Both sides: the same single-turn chat prompts, G completions each at temperature 1.0, the same maximum completion
 length, a reward that depends only on the completion's length, one optimizer step per batch (AdamW, lr 1e-6,
@@ -97,7 +97,7 @@ def run_trl(a) -> dict:
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
-    ap.add_argument("--repeats", type=int, default=3); ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3); ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--prompts", type=int, default=4); ap.add_argument("--group", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=32); ap.add_argument("--impl", choices=["scope", "trl"])
     ap.add_argument("--tmp", default="/tmp/bench_trl")
