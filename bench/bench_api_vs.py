@@ -1,14 +1,14 @@
 """API concurrency and the cost of Verbalized Sampling, against a real local model server (llama.cpp serving
 SmolLM2), side by side.
 
-    .venv/bin/python bench/bench_api_vs.py [--episodes 8] [--latency 1.0] [--repeats 3]
+    .venv/bin/python bench/bench_api_vs.py [--episodes 8] [--vs-episodes 4] [--latency 1.0] [--repeats 3]
 
 Part 1 (API concurrency): `--episodes` AskEnv episodes whose agent and user are API speakers behind a loopback
 proxy that adds `--latency` seconds to every call (as a remote API would). Sequential (concurrency 1) vs concurrent
 (concurrency = episodes), alternating; the concurrent run should take about one episode's time, not the sum.
 The server itself runs one request at a time, so its compute still adds up: the speed-up is bounded by
 (latency + compute) / compute per call.
-Part 2 (VS cost): the same episodes without injected latency, the user played plainly vs through Verbalized
+Part 2 (VS cost): `--vs-episodes` of the same episodes without injected latency (fewer, to keep `make bench` short), the user played plainly vs through Verbalized
 Sampling (n = 5 candidates in one JSON reply, drawn by probability). Rollout time ratio VS / plain. The paper's
 ~1.12x is per training step on GPUs, where the update dominates; here the ratio is of generation alone on a CPU
 (VS asks for five candidates, so it generates more tokens per user turn).
@@ -52,7 +52,7 @@ def timed(env, n, agent, user) -> float:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--episodes", type=int, default=8); ap.add_argument("--latency", type=float, default=1.0)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=3); ap.add_argument("--vs-episodes", type=int, default=4)
     a = ap.parse_args()
     srv = LlamaServer("smollm2").start()
     try:
@@ -65,16 +65,17 @@ if __name__ == "__main__":
             conc.append(timed(env, a.episodes, speaker(purl, srv.model_name, a.episodes, "agent"), speaker(purl, srv.model_name, a.episodes, "user")))
         proxy.shutdown()
         plain, vs = [], []
+        n = a.vs_episodes
         for _ in range(a.repeats):
-            agent = speaker(srv.base_url, srv.model_name, a.episodes, "agent")
-            plain.append(timed(env, a.episodes, agent, speaker(srv.base_url, srv.model_name, a.episodes, "user")))
-            v = Verbalized(speaker(srv.base_url, srv.model_name, a.episodes, "user", max_tokens=160), n=5, structured="json_object_schema", seed=0)
-            vs.append(timed(env, a.episodes, agent, v))
+            agent = speaker(srv.base_url, srv.model_name, n, "agent")
+            plain.append(timed(env, n, agent, speaker(srv.base_url, srv.model_name, n, "user")))
+            v = Verbalized(speaker(srv.base_url, srv.model_name, n, "user", max_tokens=160), n=5, structured="json_object_schema", seed=0)
+            vs.append(timed(env, n, agent, v))
     finally: srv.stop()
     s, c, p, v_ = map(statistics.median, (seq, conc, plain, vs))
     calls = a.episodes * 4   # 2 agent + 2 user turns per episode
     print(f"{a.episodes} AskEnv episodes (2 rounds), SmolLM2 on llama.cpp, medians of {a.repeats}")
     print(f"API concurrency, +{a.latency:.1f} s per call: sequential {s:.1f} s, concurrent {c:.1f} s -> {s / c:.2f}x "
           f"(latency alone would sum to {calls * a.latency:.0f} s sequentially; one episode's latency is {4 * a.latency:.0f} s)")
-    print(f"VS cost (no injected latency): plain {p:.1f} s, VS n=5 {v_:.1f} s -> {v_ / p:.2f}x")
+    print(f"VS cost ({a.vs_episodes} episodes, no injected latency): plain {p:.1f} s, VS n=5 {v_:.1f} s -> {v_ / p:.2f}x")
     print(f"headline: concurrent speed-up = {s / c:.2f}x; VS / plain rollout time = {v_ / p:.2f}x")

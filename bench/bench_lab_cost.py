@@ -8,7 +8,9 @@ off) and the process's peak RSS. The lab's models are tiny, so the memory column
 baseline; the model-state column counts what scales with model size (trainable weights, AdamW moments, frozen
 reference, and for the pool the largest number of pool weights held at once).
 Part 2 (lab scaling): RL (Single) per-step time as the episodes per step grow (tasks x G), to show how cost grows
-with the work. Last line: the headline ratios.
+with the work. Part 3 (turns): the lab game has exactly two agent turns, so the turns axis is measured on the echo
+environment (`configs/echo_tiny.toml`: tiny word-level agent, scripted user) with 2, 4 and 8 agent turns per episode
+at a fixed 8 tasks x G=8. Last line: the headline ratios.
 """
 import argparse, json, os, resource, statistics, subprocess, sys, tempfile, time
 
@@ -38,6 +40,24 @@ def one_run(arm: str, steps: int, tasks: int, group: int, out: str) -> dict:
             "model_state_kb": state / 1024}
 
 
+def one_echo(turns: int, steps: int, tasks: int, group: int, out: str) -> dict:
+    "Per-step time of the echo config with `turns` agent turns per episode."
+    import tomllib, torch
+    from pathlib import Path
+    from scope_nb.config import Config, from_dict, validate
+    from scope_nb.report import load_run
+    from scope_nb.run import train
+    torch.set_num_threads(1)
+    d = tomllib.loads((Path(__file__).resolve().parents[1] / "configs" / "echo_tiny.toml").read_text())
+    d["run"].update(out_dir=out, steps=steps); d["env"]["max_turns"] = turns
+    d["eval"]["every"] = 10_000; d["checkpoint"]["every"] = 10_000
+    d["grpo"]["batch_tasks"], d["grpo"]["group_size"] = tasks, group
+    cfg = validate(from_dict(Config, d))
+    train(cfg, progress=False)
+    rows = [r for r in load_run(cfg.run_dir).rows if r["step"] > 1]
+    return {"step": statistics.median(r["time/step"] for r in rows)}
+
+
 def spawn(arm, steps, tasks, group) -> dict:
     with tempfile.TemporaryDirectory() as out:
         p = subprocess.run([sys.executable, __file__, "--one", arm, "--steps", str(steps), "--tasks", str(tasks), "--group", str(group), "--out", out],
@@ -53,7 +73,8 @@ if __name__ == "__main__":
     ap.add_argument("--one"); ap.add_argument("--tasks", type=int, default=8); ap.add_argument("--group", type=int, default=8); ap.add_argument("--out")
     a = ap.parse_args()
     if a.one:
-        print("RESULT " + json.dumps(one_run(a.one, a.steps, a.tasks, a.group, a.out))); sys.exit(0)
+        run = one_echo(int(a.one[5:]), a.steps, a.tasks, a.group, a.out) if a.one.startswith("echo:") else one_run(a.one, a.steps, a.tasks, a.group, a.out)
+        print("RESULT " + json.dumps(run)); sys.exit(0)
     res = {arm: [] for arm in ARMS}
     for r in range(a.repeats):
         for arm in ARMS: res[arm].append(spawn(arm, a.steps, a.tasks, a.group))
@@ -72,5 +93,13 @@ if __name__ == "__main__":
     for s in sizes:
         m = statistics.median(scale[s]); n = s[0] * s[1]
         print(f"{n:5d} episodes ({s[0]} tasks x G={s[1]}): {m:7.3f} s/step, {1000 * m / n:6.2f} ms/episode ({m / n / base:.2f}x the smallest's per-episode cost)")
+    turns = (2, 4, 8)
+    tt = {t: [] for t in turns}
+    for r in range(a.repeats):
+        for t in turns: tt[t].append(spawn(f"echo:{t}", a.steps, 8, 8)["step"])
+    print(f"\nTurn scaling: echo env, RL (Single), 64 episodes per step")
+    for t in turns:
+        m = statistics.median(tt[t])
+        print(f"{t:3d} agent turns: {m:7.3f} s/step, {1000 * m / 64 / t:6.3f} ms/agent turn ({m / statistics.median(tt[turns[0]]):.2f}x the 2-turn step)")
     print(f"headline: Co-Training / RL (Single) step time = {med('co-training', 'step') / med('rl-single', 'step'):.2f}x, "
           f"Population / RL (Single) = {med('population', 'step') / med('rl-single', 'step'):.2f}x")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from .core import Episode, RoleTrajectory, group_episodes
-from .training import LocalPolicy, token_logprobs
+from .training import LocalPolicy, first_scored, token_logprobs
 
 # %% auto #0
 __all__ = ['ADVANTAGES', 'group_advantages', 'k3_kl', 'clipped_surrogate', 'GRPOConfig', 'GRPOTrainer', 'role_items',
@@ -75,8 +75,8 @@ class GRPOTrainer:
     def _local(self, items: list) -> list: return items
     def _loss_scale(self) -> float: return 1.0
     def _sum(self, stats: dict) -> dict: return stats
-    def _logprobs(self, model, seqs, with_entropy: bool = True):
-        return token_logprobs(model, seqs, self.temperature, self.policy.pad_id, with_entropy=with_entropy)
+    def _logprobs(self, model, seqs, with_entropy: bool = True, start: int = 1):
+        return token_logprobs(model, seqs, self.temperature, self.policy.pad_id, with_entropy=with_entropy, start=start)
     def _clip_grads(self) -> float: return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip))
 
     # weights (full tensors, HF layout) and optimizer state in and out: what trainer groups (39_ray) exchange
@@ -89,7 +89,8 @@ class GRPOTrainer:
         "Token-level clipped surrogate + entropy bonus + k3 KL of one micro-batch, normalised by the minibatch's tokens."
         cfg = self.cfg
         seqs = [t.token_ids for t, _ in micro]
-        lp, ent, att = self._logprobs(self.model, seqs)
+        start = first_scored([t.loss_mask for t, _ in micro])   # nothing before the first own token enters the loss
+        lp, ent, att = self._logprobs(self.model, seqs, start=start)
         L = lp.shape[1]
         def pad_to(xs, v): return torch.tensor([x + [v] * (L - len(x)) for x in xs], dtype=torch.float32, device=lp.device)
         mask = pad_to([t.loss_mask for t, _ in micro], 0)
@@ -98,7 +99,7 @@ class GRPOTrainer:
         surr, clipped = clipped_surrogate(lp, old, adv, cfg.clip_low, cfg.clip_high)
         loss_tok = -surr - cfg.entropy_coef * ent
         if self.ref is not None:
-            with torch.no_grad(): ref_lp, _, _ = self._logprobs(self.ref, seqs, with_entropy=False)
+            with torch.no_grad(): ref_lp, _, _ = self._logprobs(self.ref, seqs, with_entropy=False, start=start)
             kl = k3_kl(lp, ref_lp)
             loss_tok = loss_tok + cfg.kl_coef * kl
             stats["kl"] += float((kl.detach() * mask).sum())

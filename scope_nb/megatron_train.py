@@ -105,15 +105,18 @@ class _GatherVocab(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g): return g if ctx.n == 1 else g.chunk(ctx.n, -1)[ctx.rank].contiguous()
 
-def gpt_token_logprobs(model, seqs: list[list[int]], vocab_size: int, temperature: float = 1.0, pad_id: int = 0, with_entropy: bool = True):
-    "`training.token_logprobs` for a (tensor-parallel) megatron-core GPTModel: same shapes, same numbers."
+def gpt_token_logprobs(model, seqs: list[list[int]], vocab_size: int, temperature: float = 1.0, pad_id: int = 0, with_entropy: bool = True,
+                       start: int = 1):
+    "`training.token_logprobs` for a (tensor-parallel) megatron-core GPTModel: same shapes, same numbers (positions before `start` unscored)."
     dev = next(model.parameters()).device
     ids, att = pad_right(seqs, pad_id, dev)
     n = ids.shape[1]
     pos = torch.arange(n, device=dev).expand_as(ids)
     causal = torch.triu(torch.ones(n, n, dtype=torch.bool, device=dev), 1)[None, None]   # True = masked
     with _device_lookup(dev): logits = model(ids, pos, causal)
-    lp, ent = scores_from_logits(_GatherVocab.apply(logits)[..., :vocab_size], ids, temperature, with_entropy)
+    s = max(1, min(start, n - 1)) - 1   # the vocabulary gather, log-softmax and entropy skip positions before `start`
+    lp, ent = torch.zeros(ids.shape, device=dev), torch.zeros(ids.shape, device=dev)
+    lp[:, s:], ent[:, s:] = scores_from_logits(_GatherVocab.apply(logits[:, s:])[..., :vocab_size], ids[:, s:], temperature, with_entropy)
     return lp, ent, att
 
 # %% ../nbs/36_megatron_train.ipynb #af5f990d
@@ -144,8 +147,8 @@ class MegatronTrainer(GRPOTrainer):
         bad = [k for k in missing if not k.endswith("_extra_state")] + list(unexpected)
         if bad: raise RuntimeError(f"Megatron weights do not match the model: {bad[:5]}")
 
-    def _logprobs(self, model, seqs, with_entropy: bool = True):
-        return gpt_token_logprobs(model, seqs, self.hf_config.vocab_size, self.temperature, self.policy.pad_id, with_entropy)
+    def _logprobs(self, model, seqs, with_entropy: bool = True, start: int = 1):
+        return gpt_token_logprobs(model, seqs, self.hf_config.vocab_size, self.temperature, self.policy.pad_id, with_entropy, start)
 
     def _clip_grads(self) -> float:
         split, repl = torch.zeros((), dtype=torch.float64), torch.zeros((), dtype=torch.float64)

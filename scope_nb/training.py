@@ -4,7 +4,7 @@
 
 # %% ../nbs/30_training.ipynb #dfbaa9f3
 from __future__ import annotations
-import json, re, zlib
+import inspect, json, re, zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 import torch
@@ -13,8 +13,8 @@ from .core import RoleTrajectory, ToolCall
 
 # %% auto #0
 __all__ = ['TINY_SPECIALS', 'TINY_TEMPLATE', 'Sample', 'sample_batch', 'pad_right', 'scores_from_logits', 'token_logprobs',
-           'TemplateError', 'TokenStream', 'parse_tool_calls', 'Request', 'Reply', 'Speaker', 'ScriptedSpeaker',
-           'echo_user', 'LocalPolicy', 'tiny_tokenizer', 'tiny_policy']
+           'first_scored', 'TemplateError', 'TokenStream', 'parse_tool_calls', 'Request', 'Reply', 'Speaker',
+           'ScriptedSpeaker', 'echo_user', 'LocalPolicy', 'tiny_tokenizer', 'tiny_policy']
 
 # %% ../nbs/30_training.ipynb #caa18656
 @dataclass
@@ -96,11 +96,28 @@ def scores_from_logits(logits: torch.Tensor, ids: torch.Tensor, temperature: flo
     if with_entropy: ent[:, 1:] = -(logp_all.exp() * logp_all).sum(-1)
     return lp, ent
 
-def token_logprobs(model, seqs: list[list[int]], temperature: float = 1.0, pad_id: int = 0, with_entropy: bool = True):
-    "Per-token logprob of each next token (and entropy) for right-padded `seqs` under an HF causal LM, and the attention mask."
+def _keeps_logits(model) -> bool:
+    "Whether an HF causal LM's forward takes `logits_to_keep` (transformers ≥ 4.45 models do)."
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
+
+def token_logprobs(model, seqs: list[list[int]], temperature: float = 1.0, pad_id: int = 0, with_entropy: bool = True,
+                   start: int = 1):
+    """Per-token logprob of each next token (and entropy) for right-padded `seqs` under an HF causal LM, and the attention mask.
+    Positions before `start` are not scored (0.0): the output head, log-softmax and entropy run only on the rest."""
     ids, att = pad_right(seqs, pad_id, next(model.parameters()).device)
-    lp, ent = scores_from_logits(model(input_ids=ids, attention_mask=att).logits, ids, temperature, with_entropy)
+    n, start = ids.shape[1], max(1, min(start, ids.shape[1] - 1))
+    if start == 1 or not _keeps_logits(model):
+        lp, ent = scores_from_logits(model(input_ids=ids, attention_mask=att).logits, ids, temperature, with_entropy)
+        if start > 1: lp[:, :start], ent[:, :start] = 0.0, 0.0
+        return lp, ent, att
+    logits = model(input_ids=ids, attention_mask=att, logits_to_keep=n - start + 1).logits   # positions start-1 .. n-1
+    lp, ent = torch.zeros(ids.shape, device=ids.device), torch.zeros(ids.shape, device=ids.device)
+    lp[:, start - 1:], ent[:, start - 1:] = scores_from_logits(logits, ids[:, start - 1:], temperature, with_entropy)
     return lp, ent, att
+
+def first_scored(masks: list[list[int]]) -> int:
+    "The earliest position any row's loss mask covers: where `token_logprobs(start=...)` may begin."
+    return min((m.index(1) for m in masks if 1 in m), default=1)
 
 # %% ../nbs/30_training.ipynb #ecd28c4c
 class TemplateError(ValueError):
