@@ -26,14 +26,11 @@ class RolloutWorker:
 
     def _build(self):
         "Speakers are built at the first rollout, after the run loop has built its own (and seeded a pool simulator's pool)."
-        from scope_nb.envs import make_env
-        from scope_nb.sim_modes import Servers, build_speaker, build_user
+        from scope_nb.run import build_run_speakers
+        from scope_nb.sim_modes import Servers
         from scope_nb.sglang_client import SGLangEngine
-        cfg = self.cfg
-        self.env = make_env(cfg.env.name, cfg.env.max_turns)
         self.servers = Servers()
-        self.agent = build_speaker(cfg.agent.model, cfg.agent, self.env, "agent", cfg.run.seed, cfg.agent.train, self.servers)
-        self.user = build_user(cfg.user, self.env, cfg.run.seed + 1, self.agent, self.servers, cfg.run_dir)
+        self.env, self.agent, self.user = build_run_speakers(self.cfg, self.servers)
         # a trainable policy generates on its SGLang engine; the local copy only renders prompts and token streams
         if self.urls[0]: self.agent.engine = SGLangEngine(self.urls[0])
         if self.urls[1]: self.user.engine = SGLangEngine(self.urls[1])
@@ -92,6 +89,9 @@ class TrainerRank:
         "One update on every rank; rank 0 returns the stats and the new full weights (HF layout)."
         if weights is not None: self.tr.load_full_state_dict(weights)
         stats = self.tr.step(items)
+        if self.args[0] == "megatron":   # MegatronTrainer.step already gathered the full weights into the HF policy
+            if self.rank: return None
+            return stats, {k: v.detach().cpu().clone() for k, v in self.tr.policy.model.state_dict().items()}
         full = self.tr.full_state_dict()   # a collective: every rank takes part
         return (stats, full) if self.rank == 0 else None
 

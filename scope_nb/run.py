@@ -19,7 +19,7 @@ from .training import LocalPolicy, Speaker
 
 # %% auto #0
 __all__ = ['append_metrics', 'read_metrics', 'summarize', 'save_checkpoint', 'latest_checkpoint', 'load_checkpoint',
-           'default_panel', 'evaluate', 'apply_sim_reward', 'train']
+           'default_panel', 'evaluate', 'apply_sim_reward', 'build_run_speakers', 'train']
 
 # %% ../nbs/34_run.ipynb #c7690405
 def _seed(seed: int, step: int, k: int = 0) -> int: return (seed * 1_000_003 + step * 7_919 + k * 104_729) % 2**31
@@ -133,6 +133,12 @@ def apply_sim_reward(episodes, mode: str):
 # %% ../nbs/34_run.ipynb #75d0d73a
 def _mean(xs): return float(np.mean(xs)) if len(xs) else None
 
+def build_run_speakers(cfg: Config, servers: Servers | None = None) -> tuple[Env, Speaker, Speaker]:
+    "The run's environment, agent and user, built alike by the run loop and by every rollout worker (39_ray)."
+    env = make_env(cfg.env.name, cfg.env.max_turns)
+    agent = build_speaker(cfg.agent.model, cfg.agent, env, "agent", cfg.run.seed, cfg.agent.train, servers)
+    return env, agent, build_user(cfg.user, env, cfg.run.seed + 1, agent, servers, cfg.run_dir)
+
 def train(cfg: Config, resume: bool = False, progress: bool = True, backend=None) -> Path:
     """Run GRPO training as configured; returns the run folder.
 
@@ -154,9 +160,7 @@ def _train(cfg: Config, resume: bool, progress: bool, servers: Servers, backend=
     from tqdm.auto import tqdm
     run_dir, mpath = cfg.run_dir, cfg.run_dir / "metrics.jsonl"
     torch.manual_seed(cfg.run.seed)
-    env = make_env(cfg.env.name, cfg.env.max_turns)
-    agent = build_speaker(cfg.agent.model, cfg.agent, env, "agent", cfg.run.seed, cfg.agent.train, servers)
-    user = build_user(cfg.user, env, cfg.run.seed + 1, agent, servers, run_dir)
+    env, agent, user = build_run_speakers(cfg, servers)
     speakers = {"agent": agent, "user": user}
     roles = tuple(r for r in ("agent", "user") if getattr(cfg, r).train)
     gcfg = GRPOConfig(**{k: getattr(cfg.grpo, k) for k in GRPOConfig.__dataclass_fields__})

@@ -28,7 +28,9 @@ def welch_t(x, y) -> tuple[float, float, float]:
     from scipy.stats import t as student_t
     x, y = np.asarray(x, float), np.asarray(y, float)
     vx, vy = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
-    if vx + vy == 0: return (0.0 if x.mean() == y.mean() else math.copysign(math.inf, x.mean() - y.mean()), math.nan, 1.0 if x.mean() == y.mean() else 0.0)
+    if vx + vy == 0:   # both samples constant: equal means are no evidence of a difference, unequal ones are certain
+        diff = x.mean() - y.mean()
+        return (0.0, math.nan, 1.0) if diff == 0 else (math.copysign(math.inf, diff), math.nan, 0.0)
     t = (x.mean() - y.mean()) / math.sqrt(vx + vy)
     df = (vx + vy) ** 2 / (vx ** 2 / (len(x) - 1) + vy ** 2 / (len(y) - 1))
     return float(t), float(df), float(2 * student_t.sf(abs(t), df))

@@ -4,13 +4,13 @@
 
 # %% ../../nbs/51_study_app.ipynb #7414c922
 from __future__ import annotations
-import asyncio, base64, csv, hashlib, io, json, os, time
+import asyncio, base64, csv, hashlib, hmac, io, json, os, time
 from fastapi import Request   # at module level: FastAPI resolves the handlers' (string) annotations here
 from .store import (ARMS, P4G_ITEMS, REVERSED, TAU2_ITEMS, StudyConfig, Store, check_id, check_survey, completion_code)
 
 # %% auto #0
 __all__ = ['PAGE_HTML', 'PAGE_JS', 'EXAMPLE_CONFIG', 'make_study_env', 'find_task', 'panel', 'visible', 'Sessions', 'AgentError',
-           'stream_chat', 'create_app', 'hmac_eq', 'export_rows', 'rows_csv', 'serve']
+           'Refused', 'stream_chat', 'create_app', 'export_rows', 'rows_csv', 'serve']
 
 # %% ../../nbs/51_study_app.ipynb #6cf3ac22
 def make_study_env(task_type: str):
@@ -75,6 +75,10 @@ class Sessions:
 
 # %% ../../nbs/51_study_app.ipynb #32aa47a8
 class AgentError(RuntimeError): "The arm's endpoint did not answer after its retries."
+
+class Refused(Exception):
+    "A request the API refuses: answered as `{\"error\": msg}` with HTTP `status`, never a traceback."
+    def __init__(self, status: int, msg: str): super().__init__(msg); self.status, self.msg = status, msg
 
 async def stream_chat(ep, messages: list[dict], tools, retries: int = 3, timeout: float = 120.0):
     "Yield ('delta', text) events, then ('final', content, tool_calls) for one completion of endpoint `ep`."
@@ -226,18 +230,21 @@ def create_app(cfg: StudyConfig, store: Store | None = None):
           "style-src 'unsafe-inline'; connect-src 'self'; form-action 'none'; frame-ancestors 'none'; base-uri 'none'"
 
     def err(status: int, msg: str): return JSONResponse({"error": msg}, status_code=status)
+    app.add_exception_handler(Refused, lambda request, e: err(e.status, e.msg))
 
-    async def body_of(request: Request, limit: int = 16_000):
+    async def body_of(request: Request, limit: int = 16_000) -> dict:
         raw = await request.body()
-        if len(raw) > limit: raise ValueError(f"request too large ({len(raw)} bytes; at most {limit})")
+        if len(raw) > limit: raise Refused(400, f"request too large ({len(raw)} bytes; at most {limit})")
         try: return json.loads(raw or b"{}")
-        except json.JSONDecodeError: raise ValueError("request body is not JSON")
+        except json.JSONDecodeError: raise Refused(400, "request body is not JSON")
 
-    def session_for(b: dict):
+    async def session_of(request: Request) -> tuple[dict, dict]:
+        "The request's session row and its JSON body, or a 400/404 naming what is wrong."
+        b = await body_of(request)
         sid = b.get("session_id")
         row = store.session(sid) if isinstance(sid, str) and len(sid) <= 64 else None
-        if row is None: raise LookupError("unknown session; reopen your study link")
-        return row
+        if row is None: raise Refused(404, "unknown session; reopen your study link")
+        return row, b
 
     def finished(row) -> dict:
         code = completion_code(secret(), row["id"])
@@ -262,10 +269,8 @@ def create_app(cfg: StudyConfig, store: Store | None = None):
 
     @app.post("/api/start")
     async def start(request: Request):
-        try:
-            b = await body_of(request)
-            pid, study = check_id(b.get("pid"), "PROLIFIC_PID"), check_id(b.get("study"), "STUDY_ID")
-            ext = check_id(b.get("session"), "SESSION_ID")
+        b = await body_of(request)
+        try: pid, study, ext = check_id(b.get("pid"), "PROLIFIC_PID"), check_id(b.get("study"), "STUDY_ID"), check_id(b.get("session"), "SESSION_ID")
         except ValueError as e: return err(400, str(e))
         if study != cfg.study_id: return err(400, f"STUDY_ID: this server runs study {cfg.study_id!r}; check the study link")
         if not secret(): return err(503, "the study is not configured: its completion-code secret is missing")
@@ -301,9 +306,7 @@ def create_app(cfg: StudyConfig, store: Store | None = None):
 
     @app.post("/api/message")
     async def message(request: Request):
-        try: b = await body_of(request); row = session_for(b)
-        except ValueError as e: return err(400, str(e))
-        except LookupError as e: return err(404, str(e))
+        row, b = await session_of(request)
         text = b.get("text")
         if not isinstance(text, str) or not text.strip(): return err(400, "text: write a message first")
         if len(text) > cfg.max_chars: return err(400, f"text: at most {cfg.max_chars} characters per message (this one has {len(text)})")
@@ -334,9 +337,7 @@ def create_app(cfg: StudyConfig, store: Store | None = None):
     @app.post("/api/agent")
     async def agent_turn(request: Request):
         "The agent's pending turn (the opening of a P4G chat, or a retry after an endpoint failure)."
-        try: row = session_for(await body_of(request))
-        except ValueError as e: return err(400, str(e))
-        except LookupError as e: return err(404, str(e))
+        row, _ = await session_of(request)
         lock = sessions.lock(row["id"])
         if lock.locked(): return err(409, "the assistant is already answering")
         if row["status"] != "active" or sessions.state(row).next != "agent": return err(409, "nothing for the assistant to answer")
@@ -349,18 +350,14 @@ def create_app(cfg: StudyConfig, store: Store | None = None):
 
     @app.post("/api/end")
     async def end(request: Request):
-        try: row = session_for(await body_of(request))
-        except ValueError as e: return err(400, str(e))
-        except LookupError as e: return err(404, str(e))
+        row, _ = await session_of(request)
         if sessions.lock(row["id"]).locked(): return err(409, "wait for the assistant's answer, then end the chat")
         store.end(row["id"], "participant")
         return snapshot(store.session(row["id"]))
 
     @app.post("/api/survey")
     async def survey(request: Request):
-        try: b = await body_of(request); row = session_for(b)
-        except ValueError as e: return err(400, str(e))
-        except LookupError as e: return err(404, str(e))
+        row, b = await session_of(request)
         if row["status"] == "active": return err(409, "end the chat before the survey")
         try: answers = check_survey(row["task_type"], b.get("answers"))
         except ValueError as e: return err(400, str(e))
@@ -371,17 +368,13 @@ def create_app(cfg: StudyConfig, store: Store | None = None):
     async def export(request: Request, format: str = "jsonl"):
         token = os.environ.get(cfg.admin_token_env, "")
         given = request.headers.get("authorization", "")
-        if not token or not hmac_eq(given, f"Bearer {token}"): return err(401, f"admin export: send 'Authorization: Bearer <token>' (the value of ${cfg.admin_token_env})")
+        if not token or not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()): return err(401, f"admin export: send 'Authorization: Bearer <token>' (the value of ${cfg.admin_token_env})")
         rows = export_rows(cfg, store, sessions)
         if format == "jsonl": return PlainTextResponse("".join(json.dumps(r) + "\n" for r in rows), media_type="application/x-ndjson")
         if format == "csv": return PlainTextResponse(rows_csv(rows), media_type="text/csv")
         return err(400, "format: use jsonl or csv")
 
     return app
-
-def hmac_eq(a: str, b: str) -> bool:
-    import hmac
-    return hmac.compare_digest(a.encode(), b.encode())
 
 # %% ../../nbs/51_study_app.ipynb #547c1dbb
 def export_rows(cfg: StudyConfig, store: Store, sessions: Sessions) -> list[dict]:

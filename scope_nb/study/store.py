@@ -113,7 +113,7 @@ class Store:
             r = c.execute(sa.select(self.t["sessions"]).where(self.t["sessions"].c.id == sid)).mappings().first()
         return dict(r) if r else None
 
-    def counts(self, c, task_type: str | None = None) -> dict:
+    def counts(self, c) -> dict:
         "Sessions per (task type, arm) so far."
         import sqlalchemy as sa
         s = self.t["sessions"]
