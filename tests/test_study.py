@@ -82,6 +82,9 @@ def test_hostile_input_is_refused_with_clear_messages(app):
         r = c.post("/api/start", json=body)
         assert r.status_code == 400 and field in r.json()["error"], (body, r.text)
     assert c.post("/api/start", content=b"not json").status_code == 400
+    for path in ("/api/start", "/api/message", "/api/end"):   # JSON, but not an object
+        r = c.post(path, json=["session_id"])
+        assert r.status_code == 400 and "JSON object" in r.json()["error"], (path, r.text)
     s = c.post("/api/start", json={"pid": "P1", "study": "s1", "session": "x"}).json()
     sid = s["session_id"]
     if s["agent_pending"]: assert sse(c.post("/api/agent", json={"session_id": sid}).text)[-1][0] == "done"

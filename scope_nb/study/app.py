@@ -235,8 +235,10 @@ def create_app(cfg: StudyConfig, store: Store | None = None):
     async def body_of(request: Request, limit: int = 16_000) -> dict:
         raw = await request.body()
         if len(raw) > limit: raise Refused(400, f"request too large ({len(raw)} bytes; at most {limit})")
-        try: return json.loads(raw or b"{}")
+        try: b = json.loads(raw or b"{}")
         except json.JSONDecodeError: raise Refused(400, "request body is not JSON")
+        if not isinstance(b, dict): raise Refused(400, "request body must be a JSON object, e.g. {\"session_id\": ...}")
+        return b
 
     async def session_of(request: Request) -> tuple[dict, dict]:
         "The request's session row and its JSON body, or a 400/404 naming what is wrong."
