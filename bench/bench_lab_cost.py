@@ -17,19 +17,23 @@ import argparse, json, os, resource, statistics, subprocess, sys, tempfile, time
 ARMS = ("rl-single", "co-training", "population")
 
 
-def one_run(arm: str, steps: int, tasks: int, group: int, out: str) -> dict:
+def train_timed(d: dict, tasks: int, group: int):
+    "Train the config dict `d` with `tasks` x G=`group` episodes per step, no evaluation or checkpoints; (config, metric rows after the warm-up step)."
     import torch
     from scope_nb.config import Config, from_dict, validate
-    from scope_nb.experiments import experiment_dicts
     from scope_nb.report import load_run
     from scope_nb.run import train
     torch.set_num_threads(1)
-    d = experiment_dicts("collapse-lab", "lab", (0,), out, [arm], steps=steps)[0]
     d["eval"]["every"] = 10_000; d["checkpoint"]["every"] = 10_000
     d["grpo"]["batch_tasks"], d["grpo"]["group_size"] = tasks, group
     cfg = validate(from_dict(Config, d))
     train(cfg, progress=False)
-    rows = [r for r in load_run(cfg.run_dir).rows if r["step"] > 1]   # step 1 warms up
+    return cfg, [r for r in load_run(cfg.run_dir).rows if r["step"] > 1]   # step 1 warms up
+
+
+def one_run(arm: str, steps: int, tasks: int, group: int, out: str) -> dict:
+    from scope_nb.experiments import experiment_dicts
+    cfg, rows = train_timed(experiment_dicts("collapse-lab", "lab", (0,), out, [arm], steps=steps)[0], tasks, group)
     from scope_nb.sim_modes import build_speaker
     from scope_nb.envs import make_env
     n_params = sum(p.numel() for p in build_speaker(cfg.agent.model, cfg.agent, make_env("lab", 2), "agent", 0, True).model.parameters())
@@ -42,20 +46,11 @@ def one_run(arm: str, steps: int, tasks: int, group: int, out: str) -> dict:
 
 def one_echo(turns: int, steps: int, tasks: int, group: int, out: str) -> dict:
     "Per-step time of the echo config with `turns` agent turns per episode."
-    import tomllib, torch
+    import tomllib
     from pathlib import Path
-    from scope_nb.config import Config, from_dict, validate
-    from scope_nb.report import load_run
-    from scope_nb.run import train
-    torch.set_num_threads(1)
     d = tomllib.loads((Path(__file__).resolve().parents[1] / "configs" / "echo_tiny.toml").read_text())
     d["run"].update(out_dir=out, steps=steps); d["env"]["max_turns"] = turns
-    d["eval"]["every"] = 10_000; d["checkpoint"]["every"] = 10_000
-    d["grpo"]["batch_tasks"], d["grpo"]["group_size"] = tasks, group
-    cfg = validate(from_dict(Config, d))
-    train(cfg, progress=False)
-    rows = [r for r in load_run(cfg.run_dir).rows if r["step"] > 1]
-    return {"step": statistics.median(r["time/step"] for r in rows)}
+    return {"step": statistics.median(r["time/step"] for r in train_timed(d, tasks, group)[1])}
 
 
 def spawn(arm, steps, tasks, group) -> dict:

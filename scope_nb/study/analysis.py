@@ -4,9 +4,10 @@
 
 # %% ../../nbs/52_study_analysis.ipynb #f8d3d3b5
 from __future__ import annotations
-import csv, json, math
+import csv, io, json, math
 from pathlib import Path
 import numpy as np
+from ..core import atomic_write_text
 from .store import ADVERSARIAL_AIRLINE, P4G_ITEMS, REVERSED, TAU2_ITEMS
 
 # %% auto #0
@@ -181,13 +182,14 @@ def analyze(export, out_dir, seed: int = 0, n_boot: int = 10_000) -> str:
     if not recs: raise ValueError(f"{export}: no sessions")
     res = analyze_records(recs, seed, n_boot)
     md = table3_markdown(res)
-    (out / "table3.md").write_text(md + "\n")
-    with (out / "tests.csv").open("w", newline="") as f:
-        w = csv.DictWriter(f, ["family", "outcome", "treatment", "control", "test", "p", "p_holm", "effect", "effect_name", "n_t", "n_c"])
-        w.writeheader()
-        for fam, r in res.items():
-            for t in r["tests"]: w.writerow({"family": fam, **t})
-    (out / "summary.json").write_text(json.dumps(res, indent=1, default=float))
+    atomic_write_text(out / "table3.md", md + "\n")
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, ["family", "outcome", "treatment", "control", "test", "p", "p_holm", "effect", "effect_name", "n_t", "n_c"])
+    w.writeheader()
+    for fam, r in res.items():
+        for t in r["tests"]: w.writerow({"family": fam, **t})
+    atomic_write_text(out / "tests.csv", buf.getvalue())
+    atomic_write_text(out / "summary.json", json.dumps(res, indent=1, default=float))
     for name, fam, outs, title in (("fig15_tau2", "tau2", TAU2_OUTCOMES, "τ²-bench: participant ratings and completion (higher is better)"),
                                    ("fig16_p4g", "p4g", P4G_OUTCOMES, "Persuasion for Good: donation, ratings, derived measures")):
         fig = fig_study(res, fam, outs, title)

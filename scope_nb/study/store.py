@@ -101,12 +101,6 @@ class Store:
         self.t = self.md.tables
         self.lock = threading.Lock()
 
-    def session_of(self, pid: str) -> dict | None:
-        import sqlalchemy as sa
-        with self.engine.connect() as c:
-            r = c.execute(sa.select(self.t["sessions"]).where(self.t["sessions"].c.pid == pid)).mappings().first()
-        return dict(r) if r else None
-
     def session(self, sid: str) -> dict | None:
         import sqlalchemy as sa
         with self.engine.connect() as c:
