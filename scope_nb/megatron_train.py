@@ -164,8 +164,8 @@ class MegatronTrainer(GRPOTrainer):
         for p in params: p.grad.detach().mul_(coef)
         return total
 
-    def full_state_dict(self) -> dict:
-        "The policy's weights in HF layout, gathered from every rank (on every rank)."
+    def _gather(self) -> dict:
+        "The policy's weights in HF layout, gathered from every rank (a collective: on every rank)."
         mine = {k: v.detach() for k, v in self.model.state_dict().items() if torch.is_tensor(v) and not k.endswith("_extra_state")}
         shards = [mine] if self.tp == 1 else [{} for _ in range(self.tp)]
         if self.tp > 1:
@@ -176,12 +176,17 @@ class MegatronTrainer(GRPOTrainer):
         full = tp_unshard(shards, self.hf_config.vocab_size)
         return {k: v.to("cpu", copy=True) for k, v in megatron_to_hf(full, self.hf_config).items()}
 
+    # the HF policy always holds the full current weights (rollouts and checkpoints read it), so handing them out
+    # needs no second gather
+    def full_state_dict(self) -> dict: return {k: v.detach().cpu().clone() for k, v in self.policy.model.state_dict().items()}
+
     def load_full_state_dict(self, sd: dict) -> None:
-        "Load HF-layout weights (a checkpoint, or the driver's copy) into this rank's slices."
+        "Load HF-layout weights (a checkpoint, or the driver's copy) into this rank's slices and the HF policy."
         with torch.no_grad(): self._load(self.model, hf_to_megatron(sd, self.hf_config))
+        self.policy.model.load_state_dict(sd)
 
     def step(self, items) -> dict:
         "GRPOTrainer's update, then the HF policy (rollouts, checkpoints) gets the new weights."
         stats = super().step(items)
-        self.policy.model.load_state_dict(self.full_state_dict())
+        self.policy.model.load_state_dict(self._gather())
         return stats

@@ -89,10 +89,7 @@ class TrainerRank:
         "One update on every rank; rank 0 returns the stats and the new full weights (HF layout)."
         if weights is not None: self.tr.load_full_state_dict(weights)
         stats = self.tr.step(items)
-        if self.args[0] == "megatron":   # MegatronTrainer.step already gathered the full weights into the HF policy
-            if self.rank: return None
-            return stats, {k: v.detach().cpu().clone() for k, v in self.tr.policy.model.state_dict().items()}
-        full = self.tr.full_state_dict()   # a collective: every rank takes part
+        full = self.tr.full_state_dict()   # FSDP: a collective, every rank takes part
         return (stats, full) if self.rank == 0 else None
 
     def opt_state(self): return self.tr.opt_state_dict()

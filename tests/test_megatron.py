@@ -89,7 +89,7 @@ def _megatron_run(path, tp, rank):
                 dist.all_gather(got, g.contiguous())
                 for r in range(tp): parts[r][n] = got[r]
             grads = megatron_to_hf(tp_unshard(parts, tr.hf_config.vocab_size), tr.hf_config)
-    params = tr.full_state_dict()
+    params = tr._gather()
     assert all(torch.equal(params[k], v) for k, v in tr.policy.model.state_dict().items())   # the HF policy follows
     if rank == 0: torch.save((grads, params, norms), path + ".out")
 
