@@ -204,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
             from scope_nb.vs_tools import run_collapse_meter
             r = run_collapse_meter(args.out, args.env, args.agent, args.sim, args.episodes, args.M, args.labeler, args.temperature,
                                    args.max_new_tokens, args.seed, args.base_url, args.api_key_env or "")
-            print(f"eps_hat {r['eps_hat']:.3f} (per history {[round(x, 3) for x in r['eps_per_history']]}), eps_bar_H {r['eps_bar_H']:.3f}, "
+            ci = r.get("eps_ci") or (float("nan"), float("nan"))
+            print(f"eps_hat {r['eps_hat']:.3f} [95% CI {ci[0]:.3f}, {ci[1]:.3f}] (per history {[round(x, 3) for x in r['eps_per_history']]}), eps_bar_H {r['eps_bar_H']:.3f}, "
                   f"labeler {r['labeler']}, M {r['M']}; wrote {args.out}")
         elif args.cmd == "report":
             from scope_nb.report import report, table_markdown

@@ -4,7 +4,7 @@
 
 # %% ../nbs/24_collapse.ipynb #411f4d6a
 from __future__ import annotations
-import re
+import functools, re, time, zlib
 from dataclasses import dataclass
 import numpy as np
 from .core import Conversation, Episode
@@ -12,8 +12,9 @@ from .theory import collapse_error, variance_split
 from .training import Request, Speaker
 
 # %% auto #0
-__all__ = ['LABELERS', 'exact_label', 'yes_no_label', 'EmbeddingLabeler', 'label_all', 'eps_hat', 'user_histories',
-           'CollapseReport', 'collapse_meter', 'CategoricalSimulator', 'variance_split_rollouts']
+__all__ = ['LABELERS', 'ESTIMATORS', 'exact_label', 'yes_no_label', 'EmbeddingLabeler', 'label_all', 'class_counts',
+           'modal_share', 'eps_hat', 'cp_interval', 'eps_ci', 'calibrate_eps', 'user_histories', 'CollapseReport',
+           'collapse_meter', 'CategoricalSimulator', 'variance_split_rollouts']
 
 # %% ../nbs/24_collapse.ipynb #d65c48bb
 def exact_label(text: str | None) -> str:
@@ -51,10 +52,91 @@ def label_all(texts: list[str], labeler) -> list:
     if isinstance(labeler, EmbeddingLabeler): return labeler(texts)
     return [labeler(t) for t in texts]
 
-def eps_hat(labels) -> float:
-    "ε̂_φ = 1 − share of the modal class among the sampled replies."
-    _, counts = np.unique(np.asarray(labels, dtype=object).astype(str), return_counts=True)
-    return float(collapse_error(counts / counts.sum()))
+
+# %% ../nbs/24_collapse.ipynb #15b3e477
+def class_counts(labels) -> np.ndarray:
+    "Counts of each distinct behaviour class among `labels` (classes compared as strings)."
+    _, counts = np.unique(np.asarray(list(labels), dtype=object).astype(str), return_counts=True)
+    return counts
+
+ESTIMATORS = ("debiased", "bootstrap", "loo", "plugin")
+
+def _loo_share(C: np.ndarray) -> np.ndarray:
+    "Leave-one-out mode share of count rows C (n, K): how often a draw is the mode of the other draws (ties share)."
+    M, out = C.sum(1), np.zeros(len(C))
+    for k in range(C.shape[1]):
+        Ck = C.copy(); Ck[:, k] -= 1
+        ties = Ck == Ck.max(1, keepdims=True)
+        out += C[:, k] * ties[:, k] / ties.sum(1)
+    return np.where(M > 1, out / np.maximum(M, 1), 1.0)
+
+@functools.lru_cache(maxsize=65536)
+def _boot_one(counts: tuple, B: int = 400) -> float:
+    c = np.asarray(counts, np.int64)
+    m = int(c.sum())
+    rng = np.random.default_rng(zlib.crc32(c.tobytes()))     # seeded by the sorted counts: a reading is a function of them
+    return 2 * c[0] / m - float((rng.multinomial(m, c / m, size=B).max(1) / m).mean())
+
+def _boot_share(C: np.ndarray, B: int = 400) -> np.ndarray:
+    "Bootstrap bias-corrected largest share 2·m̂ − mean(m̂*) of count rows C (n, K)."
+    return np.array([_boot_one(tuple(int(x) for x in sorted(c[c > 0], reverse=True)), B) for c in C])
+
+def modal_share(counts, method: str = "debiased") -> np.ndarray:
+    "Estimated mass of the modal class from class counts (one row per sample, shape (n, K) or (K,)); see ESTIMATORS."
+    if method not in ESTIMATORS: raise ValueError(f"method {method!r}: use one of {', '.join(ESTIMATORS)}")
+    C = np.atleast_2d(np.asarray(counts, float))
+    if method == "plugin": return C.max(1) / C.sum(1)
+    if method == "loo": out = _loo_share(C)
+    elif method == "bootstrap": out = _boot_share(C)
+    else: out = (_loo_share(C) + _boot_share(C)) / 2
+    return np.clip(out, 0.0, 1.0)
+
+def eps_hat(labels, method: str = "debiased") -> float:
+    "ε̂_φ = 1 − estimated modal mass of the sampled replies' classes (default: bias-corrected, see above)."
+    return float(1 - modal_share(class_counts(labels), method)[0])
+
+# %% ../nbs/24_collapse.ipynb #2b60a833
+def _binom_sf(x: int, n: int, p: float) -> float:
+    "P(X ≥ x) for X ~ Binomial(n, p)."
+    from math import comb
+    return float(sum(comb(n, j) * p ** j * (1 - p) ** (n - j) for j in range(x, n + 1)))
+
+@functools.lru_cache(maxsize=65536)
+def cp_interval(x: int, n: int, alpha: float = 0.05) -> tuple[float, float]:
+    "Clopper–Pearson interval of a binomial proportion with x successes in n, level 1 − alpha (two-sided)."
+    def solve(target_x, tail):   # bisection on p for P(X >= target_x; p) = tail
+        lo, hi = 0.0, 1.0
+        for _ in range(50):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if _binom_sf(target_x, n, mid) < tail else (lo, mid)
+        return (lo + hi) / 2
+    lower = 0.0 if x <= 0 else solve(x, alpha / 2)
+    upper = 1.0 if x >= n else solve(x + 1, 1 - alpha / 2)
+    return lower, upper
+
+def eps_ci(labels, level: float = 0.95) -> tuple[float, float]:
+    "Confidence interval for ε_φ from simultaneous (Bonferroni) Clopper–Pearson intervals of every class share."
+    c = class_counts(labels)
+    M, alpha = int(c.sum()), (1 - level) / (len(c) + 1)
+    bounds = [cp_interval(int(x), M, alpha) for x in c] + [cp_interval(0, M, alpha)]   # the last: a class never drawn
+    return 1 - max(b[1] for b in bounds), 1 - max(b[0] for b in bounds)
+
+# %% ../nbs/24_collapse.ipynb #6b669d3c
+def calibrate_eps(truths: dict, Ms=(8, 16, 32, 64), repeats: int = 200, bias_repeats: int = 1000, seed: int = 0) -> list[dict]:
+    "Bias and RMSE of each estimator and 95% CI coverage of eps_ci, per ground-truth distribution in `truths` and sample size M."
+    rng, rows = np.random.default_rng(seed), []
+    for name, p in truths.items():
+        p = np.asarray(p, float); eps = float(collapse_error(p))
+        for M in Ms:
+            C = rng.multinomial(M, p, size=bias_repeats)
+            row = dict(truth=name, eps=eps, M=M)
+            for m in ESTIMATORS:
+                err = 1 - modal_share(C, m) - eps
+                row[f"bias_{m}"], row[f"rmse_{m}"] = float(err.mean()), float(np.sqrt((err ** 2).mean()))
+            cis = [eps_ci(np.repeat(np.arange(len(c)), c)) for c in C[:repeats]]
+            rows.append(dict(row, coverage=float(np.mean([lo - 1e-9 <= eps <= hi + 1e-9 for lo, hi in cis])),
+                             width=float(np.mean([hi - lo for lo, hi in cis]))))
+    return rows
 
 # %% ../nbs/24_collapse.ipynb #ceeb74f9
 def user_histories(episodes: list[Episode], max_histories: int | None = None) -> list[tuple[int, list[dict]]]:
@@ -69,33 +151,46 @@ def user_histories(episodes: list[Episode], max_histories: int | None = None) ->
 
 @dataclass
 class CollapseReport:
-    "ε̂ per history, their mean, ε̄_H over episodes, and the labeler used."
+    "ε̂ per history with its 95% CI, their mean with a CI over histories, ε̄_H over episodes, the labeler and estimator used."
     eps_per_history: list[float]
     classes_per_history: list[int]
     eps_hat: float
     eps_bar_H: float | None
     M: int
     labeler: str
+    eps_ci: tuple[float, float] | None = None
+    ci_per_history: list | None = None
+    estimator: str = "debiased"
 
     def to_dict(self) -> dict: return dict(self.__dict__)
 
+def _mean_ci(per_history: list[float], cis: list, level: float = 0.95, B: int = 2000, seed: int = 0) -> tuple[float, float] | None:
+    "CI of the mean ε over visited histories: bootstrap over histories; with one history, that history's own CI."
+    x = np.asarray([e for e in per_history if e == e], float)
+    if len(x) == 0: return None
+    if len(x) == 1: return tuple(next(c for c, e in zip(cis, per_history) if e == e))
+    reps = np.random.default_rng(seed).choice(x, (B, len(x))).mean(1)
+    return tuple(float(v) for v in np.quantile(reps, [(1 - level) / 2, (1 + level) / 2]))
+
 def collapse_meter(sim: Speaker, histories, M: int = 50, labeler="exact", temperature: float | None = None,
-                   batch: int = 64, tag: str = "cm") -> CollapseReport:
-    "Draw M replies from `sim` at each history, label them, estimate ε̂ per history, its mean and ε̄_H."
+                   batch: int = 64, tag: str = "cm", estimator: str = "debiased") -> CollapseReport:
+    "Draw M replies from `sim` at each history, label them, estimate ε̂ per history (with a 95% CI), its mean and ε̄_H."
     hist = [(h if isinstance(h, tuple) else (j, h)) for j, h in enumerate(histories)]
     reqs = [Request(view, key=f"{tag}{j}/{m}", turn=sum(x["role"] == "assistant" for x in view)) for j, (_, view) in enumerate(hist) for m in range(M)]
     texts = []
     for k in range(0, len(reqs), batch):
         texts += [r.content if not r.failed else None for r in sim.respond(reqs[k:k + batch], temperature)]
     labels = label_all([t for t in texts], labeler)
-    eps, ncls = [], []
+    eps, ncls, cis = [], [], []
     for j in range(len(hist)):
         lab = [l for l, t in zip(labels[j * M:(j + 1) * M], texts[j * M:(j + 1) * M]) if t is not None]
-        eps.append(eps_hat(lab) if lab else float("nan")); ncls.append(len(set(map(str, lab))))
+        eps.append(eps_hat(lab, estimator) if lab else float("nan")); ncls.append(len(set(map(str, lab))))
+        cis.append(eps_ci(lab) if lab else None)
     per_ep = {}
     for (ep, _), e in zip(hist, eps): per_ep[ep] = per_ep.get(ep, 0.0) + e
     name = labeler if isinstance(labeler, str) else getattr(labeler, "__name__", type(labeler).__name__)
-    return CollapseReport(eps, ncls, float(np.nanmean(eps)), float(np.mean(list(per_ep.values()))) if per_ep else None, M, name)
+    return CollapseReport(eps, ncls, float(np.nanmean(eps)), float(np.mean(list(per_ep.values()))) if per_ep else None, M, name,
+                          _mean_ci(eps, cis), cis, estimator)
 
 # %% ../nbs/24_collapse.ipynb #1694b43b
 class CategoricalSimulator(Speaker):

@@ -223,6 +223,7 @@ def _train(cfg: Config, resume: bool, progress: bool, servers: Servers, backend=
                     user.reseed(_seed(cfg.run.seed, step, 30_000))
                     rep = collapse_meter(user, hist, cfg.eval.collapse_M, cfg.eval.collapse_labeler, cfg.user.temperature)
                     row["sim/collapse_eps"], row["sim/collapse_eps_bar_H"] = rep.eps_hat, rep.eps_bar_H
+                    if rep.eps_ci: row["sim/collapse_eps_lo"], row["sim/collapse_eps_hi"] = rep.eps_ci
             scored = [e for e in eps if e.status != "failed"]
             row["train/reward"] = _mean([e.rewards["agent"] for e in scored])
             row["train/reward_std"] = float(np.std([e.rewards["agent"] for e in scored])) if scored else None

@@ -147,9 +147,18 @@ def check_collapse_bound(game: DialogueGame, theta, phi) -> dict:
                 eps_max_turn=float(max(game.probs(theta, phi) @ collapse_error(phi)[game.g[:, t]] for t in range(game.H))))
 
 # %% ../nbs/00_theory.ipynb #98130b9c
-def variance_split(R, weights=None) -> dict:
-    "Eq. 6 on a table R[i, j] (row = agent randomness, column = simulator re-draw): total, simulator-side, agent-side variance."
+def variance_split(R, weights=None, unbiased: bool = True) -> dict:
+    "Eq. 6 on a table R[a, k] (row = agent randomness ξπ, column = simulator re-draw ξU): total, simulator-side, agent-side variance."
     R = np.asarray(R, float)
+    if R.ndim != 2: raise ValueError(f"R: needs a 2-d table (agent draws × simulator draws), got shape {R.shape}")
+    if unbiased and weights is None:
+        A, K = R.shape
+        if A < 2 or K < 2:
+            raise ValueError(f"R has shape {R.shape}: the unbiased split needs >= 2 agent draws (rows) and >= 2 simulator draws "
+                             f"(columns); collect more, or pass unbiased=False for the plug-in split")
+        sim = float(R.var(1, ddof=1).mean())
+        agent = float(R.mean(1).var(ddof=1) - sim / K)
+        return dict(total=sim + agent, simulator=sim, agent=agent)
     w = np.full(R.shape[0], 1 / R.shape[0]) if weights is None else np.asarray(weights, float) / np.sum(weights)
     row_mean, row_var = R.mean(1), R.var(1)
     sim = float(w @ row_var)

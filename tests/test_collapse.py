@@ -36,4 +36,4 @@ def test_embedding_labeler_groups_paraphrases():
              "Sure, I'd love a cup of tea!", "Yes please, tea sounds lovely."]
     labels = lab(texts)
     assert labels[0] == labels[1] == labels[2] and labels[3] != labels[0]
-    assert abs(eps_hat(labels) - 0.4) < 1e-9
+    assert abs(eps_hat(labels, "plugin") - 0.4) < 1e-9
