@@ -29,9 +29,10 @@ $(STAMP): pyproject.toml Makefile
 demo: venv
 	$(VENV)/bin/scope demo
 
-## lab: the full lab comparison over 3 seeds and the two sweeps (pool size K, simulator reward); ~25 min on 2 cores
+## lab: the lab comparison with its controls over 5 seeds, the VS recovery sweep, and the pool-size and simulator-reward sweeps over 3 seeds
 lab: venv
-	$(VENV)/bin/scope experiment run collapse-lab fig17-pool-size fig27-sim-reward --scale lab --seeds 3
+	$(VENV)/bin/scope experiment run collapse-lab vs-recovery --scale lab --seeds 5
+	$(VENV)/bin/scope experiment run fig17-pool-size fig27-sim-reward --scale lab --seeds 3
 
 ## browser: Debian's Chromium for the study app's browser test (Playwright drives it; it never downloads a browser)
 browser:

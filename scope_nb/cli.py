@@ -208,9 +208,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"eps_hat {r['eps_hat']:.3f} [95% CI {ci[0]:.3f}, {ci[1]:.3f}] (per history {[round(x, 3) for x in r['eps_per_history']]}), eps_bar_H {r['eps_bar_H']:.3f}, "
                   f"labeler {r['labeler']}, M {r['M']}; wrote {args.out}")
         elif args.cmd == "report":
-            from scope_nb.report import report, table_markdown
-            res = report(args.runs, args.out)
+            from scope_nb.report import report, table_markdown, comparisons_markdown
+            from pathlib import Path
+            from scope_nb.experiments import EXPERIMENTS, method_comparisons
+            parents = {(Path(r).resolve().parent.parent.name, Path(r).resolve().parent.name) for r in args.runs}
+            comp = method_comparisons(*parents.pop()) if len(parents) == 1 and next(iter(parents))[0] in EXPERIMENTS else None
+            res = report(args.runs, args.out, comparisons=comp)
             print(table_markdown(res["table"]))
+            if res["comparisons"]: print(comparisons_markdown(res["comparisons"]))
         elif args.cmd == "experiment": _experiment(args)
         elif args.cmd == "study":
             if args.study_cmd == "example-config":

@@ -4,7 +4,7 @@
 
 # %% ../nbs/33_config.ipynb #c37a2532
 from __future__ import annotations
-import dataclasses, difflib, importlib.util, json, os, tomllib, typing
+import dataclasses, difflib, importlib.util, json, os, re, tomllib, typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,6 +73,8 @@ class PanelEntry:
     model: str = ""
     seen: bool = True
     temperature: float = 0.0
+    cell: str = ""        # also averaged into eval/<cell> (e.g. the lab's 2×2 panel: seen_collapsed, unseen_uncollapsed, ...)
+    extra: bool = False   # reported on its own and in its cell only, not in eval/seen, eval/unseen, eval/mean
 
 @dataclass
 class EvalSection:
@@ -275,6 +277,11 @@ def validate(cfg: Config) -> Config:
         if not p.name: raise ConfigError(f"eval.panel[{i}].name: give each panel simulator a name")
         _check_model(p.model, f"eval.panel[{i}].model", vocab, "user")
     if len({p.name for p in cfg.eval.panel}) != len(cfg.eval.panel): raise ConfigError("eval.panel: simulator names must be unique")
+    for i, p in enumerate(cfg.eval.panel):
+        if p.cell and (not re.fullmatch(r"[a-z][a-z0-9_]*", p.cell) or p.cell in ("seen", "unseen", "mean")):
+            raise ConfigError(f"eval.panel[{i}].cell = {p.cell!r}: use lower-case letters, digits and _ (it becomes the metric eval/<cell>), "
+                              f"and not seen/unseen/mean")
+        if p.cell in {q.name for q in cfg.eval.panel}: raise ConfigError(f"eval.panel[{i}].cell = {p.cell!r}: a cell may not share a simulator's name")
     if cfg.run.steps < 0 or cfg.eval.every < 1 or cfg.checkpoint.every < 1:
         raise ConfigError("run.steps must be >= 0, eval.every and checkpoint.every >= 1")
     return cfg

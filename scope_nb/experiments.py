@@ -11,10 +11,10 @@ from .config import Config, ConfigError, from_dict, to_dict, to_toml, validate
 from .lab import SEEN_FAMILIES, UNSEEN_FAMILIES
 
 # %% auto #0
-__all__ = ['LAB_BASE', 'LAB_METHODS', 'DEMO_ARMS', 'CPU_LLM_METHODS', 'ROUTER', 'PAPER_PANEL', 'MAX_TURNS', 'COOP_ARMS',
-           'EXPERIMENTS', 'SCALES', 'Arm', 'Experiment', 'merge', 'lab_panel', 'cpu_llm_base', 'gpu_base',
-           'gpu_methods', 'get_experiment', 'experiment_dicts', 'experiment_configs', 'run_finished', 'run_experiment',
-           'write_configs']
+__all__ = ['LAB_BASE', 'LAB_METHODS', 'LAB_COMPARISONS', 'DEMO_ARMS', 'CPU_LLM_METHODS', 'ROUTER', 'PAPER_PANEL', 'MAX_TURNS',
+           'COOP_ARMS', 'EXPERIMENTS', 'SCALES', 'Arm', 'Experiment', 'merge', 'lab_panel', 'cpu_llm_base', 'gpu_base',
+           'gpu_methods', 'get_experiment', 'experiment_dicts', 'experiment_configs', 'run_finished',
+           'method_comparisons', 'run_experiment', 'write_configs']
 
 # %% ../nbs/40_experiments.ipynb #4e8fd8ec
 @dataclass
@@ -34,6 +34,7 @@ class Experiment:
     what: str
     scales: dict[str, tuple[dict, list[Arm]]]
     notes: str = ""
+    comparisons: list[tuple[str, str, str]] = field(default_factory=list)   # (arm, control arm, what the difference measures)
 
 def merge(base: dict, over: dict) -> dict:
     "Deep-merge nested dict `over` into a copy of `base` (lists and scalars replace)."
@@ -43,10 +44,14 @@ def merge(base: dict, over: dict) -> dict:
     return out
 
 # %% ../nbs/40_experiments.ipynb #dbe3f5fb
-def lab_panel(gamma_seen: float = 4.0, gamma_unseen: float = 1.0) -> list[dict]:
-    "The lab's evaluation panel: seen families at the training sharpness, unseen families at γ = 1."
-    return ([dict(name=f, model=f"lab:{f}@{gamma_seen:g}", seen=True, temperature=1.0) for f in SEEN_FAMILIES] +
-            [dict(name=f, model=f"lab:{f}@{gamma_unseen:g}", seen=False, temperature=1.0) for f in UNSEEN_FAMILIES])
+def lab_panel(gamma_collapsed: float = 4.0, gamma_uncollapsed: float = 1.0) -> list[dict]:
+    "The lab's 2×2 evaluation panel: every family (seen in training or not) at the collapsed and the uncollapsed sharpness."
+    entry = lambda f, g, seen, cell, extra: dict(name=f if not extra else f"{f}-g{g:g}", model=f"lab:{f}@{g:g}", seen=seen,
+                                                 temperature=1.0, cell=cell, extra=extra)
+    return ([entry(f, gamma_collapsed, True, "seen_collapsed", False) for f in SEEN_FAMILIES] +
+            [entry(f, gamma_uncollapsed, False, "unseen_uncollapsed", False) for f in UNSEEN_FAMILIES] +
+            [entry(f, gamma_uncollapsed, True, "seen_uncollapsed", True) for f in SEEN_FAMILIES] +
+            [entry(f, gamma_collapsed, False, "unseen_collapsed", True) for f in UNSEEN_FAMILIES])
 
 LAB_BASE = {
     "run": dict(steps=120),
@@ -67,6 +72,22 @@ LAB_METHODS = [
     Arm("vs", "RL + VS", {"user": dict(mode="vs", vs_n=5)}),
     Arm("co-training", "Co-Training", {"user": _COTRAIN}),
     Arm("population", "Population Co-Training (K=5)", {"user": dict(_COTRAIN, mode="pool", pool_size=5, pool_every=4)}),
+    # controls (see "Controls" above): the same simulator frozen, and the co-trained simulators started collapsed
+    Arm("frozen-uncollapsed", "Control: RL vs the frozen base user", {"user": dict(model="lab-user:frugal")}),
+    Arm("cotrain-from-collapsed", "Control: Co-Training from a collapsed user", {"user": dict(_COTRAIN, model="lab-user:frugal@4")}),
+    Arm("population-from-collapsed", "Control: Population from a collapsed user",
+        {"user": dict(_COTRAIN, model="lab-user:frugal@4", mode="pool", pool_size=5, pool_every=4)}),
+]
+LAB_COMPARISONS = [
+    ("ensemble", "rl-single", "the paper's comparison: mixing three collapsed families vs one"),
+    ("ensemble", "frozen-uncollapsed", "beyond one uncollapsed simulator"),
+    ("vs", "rl-single", "the paper's comparison: verbalizing the same simulator"),
+    ("vs", "frozen-uncollapsed", "against full recovery of the reference"),
+    ("persona", "rl-single", "the paper's comparison: persona prompts on the same simulator"),
+    ("co-training", "frozen-uncollapsed", "what moving adds beyond starting uncollapsed"),
+    ("cotrain-from-collapsed", "rl-single", "co-training from a collapsed start vs frozen collapsed"),
+    ("population", "frozen-uncollapsed", "what the moving pool adds beyond starting uncollapsed"),
+    ("population-from-collapsed", "rl-single", "a pool from a collapsed start vs frozen collapsed"),
 ]
 DEMO_ARMS = ("base", "rl-single", "ensemble", "vs", "co-training", "population")
 
@@ -146,8 +167,12 @@ COOP_ARMS = [Arm("cross-play", "Cross-play (frozen partner)", {"user": dict(mode
              Arm("self-play", "Self-play", {"user": dict(model="same", train=True)})]
 
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
-    Experiment("collapse-lab", 1, "Table 1 (lab)", "the lab comparison of every method against the most modal simulator",
-               {"lab": (LAB_BASE, LAB_METHODS)}),
+    Experiment("collapse-lab", 2, "Table 1 (lab)", "the lab comparison of every method against the most modal simulator, with controls",
+               {"lab": (LAB_BASE, LAB_METHODS)}, comparisons=LAB_COMPARISONS),
+    Experiment("vs-recovery", 1, "Table 1 VS row (lab), referee objection 4", "RL + VS with the lab's VS recovery ρ swept from 0 to 1",
+               {"lab": (LAB_BASE, [Arm(f"vs-rho{r:g}", f"RL + VS, ρ={r:g}", {"user": dict(mode="vs", vs_n=5, model=f"lab:frugal@4/rho={r:g}")})
+                                   for r in (0, 0.25, 0.5, 0.75, 1)])},
+               comparisons=[(f"vs-rho{r:g}", "vs-rho0", "recovery ρ vs none") for r in (0.25, 0.5, 0.75, 1)]),
     _table1("p4g", "Table 1, P4G column"), _table1("tau2-retail", "Table 1, τ² retail"), _table1("tau2-airline", "Table 1, τ² airline"),
     Experiment("table2-cooperbench", 1, "Table 2", "CooperBench cross-play, self-play and population self-play",
                {"cpu-llm": (_COOP_CPU, COOP_ARMS),
@@ -233,6 +258,13 @@ def _run_one(d: dict) -> tuple[str, float, str | None]:
     except Exception as e:  # one failed arm must not lose the others
         return str(cfg.run_dir), time.perf_counter() - t0, f"{type(e).__name__}: {e}"
 
+def method_comparisons(name: str, scale: str) -> list[tuple[str, str, str]]:
+    "An experiment's (arm, control, what) comparisons as method labels, for `report`."
+    e = get_experiment(name)
+    if scale not in e.scales: return []
+    label = {a.name: a.method for a in e.scales[scale][1]}
+    return [(label[a], label[c], w) for a, c, w in e.comparisons if a in label and c in label]
+
 def run_experiment(name: str, scale: str = "lab", seeds=(0,), out: str = "runs/experiments", jobs: int = 2, arms=None,
                    steps: int | None = None, progress: bool = True, echo=print) -> dict:
     "Run (or continue) every arm × seed of an experiment, then write its report; returns the report summary."
@@ -259,7 +291,7 @@ def run_experiment(name: str, scale: str = "lab", seeds=(0,), out: str = "runs/e
             bar.update(1)
     bar.close()
     for d, e in errors.items(): echo(f"error: run {d} failed: {e}")
-    res = report([c.run_dir for c in cfgs], Path(out) / name / scale / "report", echo=echo)
+    res = report([c.run_dir for c in cfgs], Path(out) / name / scale / "report", echo=echo, comparisons=method_comparisons(name, scale))
     res.update(errors=errors, seconds=time.perf_counter() - t0, report_dir=str(Path(out) / name / scale / "report"))
     return res
 

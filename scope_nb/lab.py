@@ -18,8 +18,9 @@ from .verbalized import VSParse
 # %% auto #0
 __all__ = ['CONCERNS', 'PITCHES', 'ADDRESSES', 'ASK', 'TOPICS', 'LAB_VOCAB', 'FAMILIES', 'SEEN_FAMILIES', 'UNSEEN_FAMILIES',
            'MODE_EXPLOIT_GAP', 'VS_RECOVERY', 'PERSONA_SIGMA', 'BASE_OPENINGS', 'STRATEGIES', 'family_distribution',
-           'sharpen', 'outcome_of', 'LabEnv', 'parse_lab_spec', 'LabSimulator', 'lab_agent', 'lab_user', 'is_lab_spec',
-           'check_lab_spec', 'lab_speaker', 'strategy_shares', 'fig_lab_strategies']
+           'sharpen', 'outcome_of', 'LabEnv', 'parse_lab_spec', 'LabSimulator', 'measure_lab_simulators', 'lab_agent',
+           'lab_user', 'is_lab_spec', 'check_lab_spec', 'lab_speaker', 'strategy_stats', 'strategy_shares',
+           'fig_lab_strategies', 'fig_lab_payoffs']
 
 # %% ../nbs/14_lab.ipynb #406e7b92
 CONCERNS = ("price", "trust", "time", "impact", "proof")
@@ -101,14 +102,15 @@ class LabEnv(Env):
 VS_RECOVERY = 0.75     # ρ: share of the sharpening that verbalizing undoes (an assumption; see the prose above)
 PERSONA_SIGMA = 0.5
 
-def parse_lab_spec(spec: str) -> tuple[str, float]:
-    "('family', γ) from 'lab:<family>[@γ]'; a ValueError names the field and the choices."
-    m = re.fullmatch(r"lab:([a-z]+)(?:@([0-9.]+))?", spec)
-    if not m: raise ValueError(f"{spec!r}: a lab simulator spec is lab:<family>@<gamma>, e.g. lab:frugal@4")
-    fam, g = m.group(1), float(m.group(2) or 4)
+def parse_lab_spec(spec: str, prefix: str = "lab") -> tuple[str, float, float]:
+    "('family', γ, ρ) from '<prefix>:<family>[@γ][/rho=ρ]'; a ValueError names the field and the choices."
+    m = re.fullmatch(prefix + r":([a-z]+)(?:@([0-9.]+))?(?:/rho=([0-9.]+))?", spec)
+    if not m: raise ValueError(f"{spec!r}: a lab simulator spec is {prefix}:<family>[@<gamma>][/rho=<VS recovery>], e.g. {prefix}:frugal@4")
+    fam, g, rho = m.group(1), float(m.group(2) or (4 if prefix == "lab" else 1)), float(m.group(3) or VS_RECOVERY)
     if fam not in FAMILIES: raise ValueError(f"{spec!r}: unknown lab family {fam!r}; known: {', '.join(FAMILIES)}")
     if g <= 0: raise ValueError(f"{spec!r}: γ must be > 0")
-    return fam, g
+    if not 0 <= rho <= 1: raise ValueError(f"{spec!r}: the VS recovery ρ must lie in [0, 1]")
+    return fam, g, rho
 
 class LabSimulator(Speaker):
     "A frozen lab user of one family at sharpening γ: replies with a concern drawn from p_family^(γ/T)."
@@ -155,6 +157,23 @@ class LabSimulator(Speaker):
                             attempts=1, errors=[], api=[]))
         return out
 
+# %% ../nbs/14_lab.ipynb #0af4b384
+def measure_lab_simulators(specs, n: int = 2000, vs_n: int = 5, seed: int = 0) -> list[dict]:
+    "Per lab simulator spec: TV to its family's reference p_f and ε, from n sampled replies, plain and through Verbalized."
+    from scope_nb.simulators import Verbalized
+    from scope_nb.training import Request
+    rows = []
+    for spec in specs:
+        fam, g, rho = parse_lab_spec(spec)
+        sim = LabSimulator(fam, g, seed=seed, vs_recovery=rho)
+        reqs = [Request([{"role": "system", "content": "listen school"}, {"role": "user", "content": ASK}], key=f"m/{i}", turn=1) for i in range(n)]
+        for mode, sp in (("plain", sim), ("vs", Verbalized(sim, n=vs_n, seed=seed))):
+            counts = np.array([sum(r.content == c for r in sp.respond(reqs)) for c in CONCERNS], float)
+            p = counts / counts.sum()
+            rows.append(dict(spec=spec, family=fam, gamma=g, rho=rho, mode=mode, tv_ref=float(0.5 * np.abs(p - FAMILIES[fam]).sum()),
+                             eps=float(1 - p.max()), eps_true_ref=float(1 - FAMILIES[fam].max())))
+    return rows
+
 # %% ../nbs/14_lab.ipynb #6c06f017
 def _clone(policy, examples: list[tuple[list[dict], dict[str, float]]], steps: int, lr: float, seed: int) -> float:
     "Fit `policy` so that after each prompt its reply is one word drawn from the given distribution, then <eos> (weighted cross-entropy)."
@@ -194,11 +213,11 @@ def lab_agent(seed: int = 0, hidden: int = 32, layers: int = 1, steps: int = 150
     pol.clone_loss = _clone(pol, ex, steps, lr, seed)
     return pol
 
-def lab_user(family: str, seed: int = 0, hidden: int = 32, layers: int = 1, steps: int = 150, lr: float = 1e-2, **kw):
-    "A trainable lab user: a tiny policy cloned on `family`'s reference distribution (γ = 1) after any opening."
+def lab_user(family: str, seed: int = 0, hidden: int = 32, layers: int = 1, steps: int = 150, lr: float = 1e-2, gamma: float = 1.0, **kw):
+    "A trainable lab user: a tiny policy cloned on `family`'s distribution sharpened to γ (default 1: the reference) after any opening."
     if family not in FAMILIES: raise ValueError(f"lab-user:{family}: unknown lab family; known: {', '.join(FAMILIES)}")
     pol = tiny_policy(LAB_VOCAB, hidden=hidden, layers=layers, seed=seed, **kw)
-    dist = dict(zip(CONCERNS, FAMILIES[family].tolist()))
+    dist = dict(zip(CONCERNS, sharpen(FAMILIES[family], gamma).tolist()))
     ex = [([{"role": "system", "content": f"listen {t}"}, {"role": "user", "content": w}], dist) for t in TOPICS for w in (ASK,) + PITCHES]
     pol.clone_loss = _clone(pol, ex, steps, lr, seed)
     return pol
@@ -210,36 +229,46 @@ def check_lab_spec(spec: str) -> None:
     "Raise ValueError with the fix if `spec` is not a valid lab speaker spec."
     if spec == "lab-agent": return
     if spec.startswith("lab-user:"):
-        fam = spec.split(":", 1)[1]
-        if fam not in FAMILIES: raise ValueError(f"{spec!r}: unknown lab family {fam!r}; known: {', '.join(FAMILIES)}")
-        return
+        if "/rho=" in spec: raise ValueError(f"{spec!r}: /rho= (VS recovery) applies to frozen lab simulators lab:<family>@<gamma> only")
+        parse_lab_spec(spec, "lab-user"); return
     parse_lab_spec(spec)
 
 def lab_speaker(spec: str, name: str, seed: int, trainable: bool = False, temperature: float = 1.0, max_new_tokens: int = 2,
                 hidden: int = 32, layers: int = 1) -> Speaker:
-    "A lab speaker from its spec: lab:<family>@<γ> (frozen simulator), lab-agent, lab-user:<family> (tiny policies)."
+    "A lab speaker from its spec: lab:<family>@<γ>[/rho=ρ] (frozen simulator), lab-agent, lab-user:<family>[@γ] (tiny policies)."
     check_lab_spec(spec)
     kw = dict(name=name, trainable=trainable, temperature=temperature, max_new_tokens=max_new_tokens, hidden=hidden, layers=layers)
     if spec == "lab-agent": return lab_agent(seed=seed, **kw)
-    if spec.startswith("lab-user:"): return lab_user(spec.split(":", 1)[1], seed=seed, **kw)
-    fam, g = parse_lab_spec(spec)
-    return LabSimulator(fam, g, seed=seed, name=name, temperature=temperature)
+    if spec.startswith("lab-user:"):
+        fam, g, _ = parse_lab_spec(spec, "lab-user")
+        return lab_user(fam, seed=seed, gamma=g, **kw)
+    fam, g, rho = parse_lab_spec(spec)
+    return LabSimulator(fam, g, seed=seed, name=name, temperature=temperature, vs_recovery=rho)
 
 # %% ../nbs/14_lab.ipynb #e62fd690
 STRATEGIES = {"exploit": ("exploit-hit", "exploit-miss"), "ask": ("ask-hit", "ask-miss"), "small talk / other": ("off-topic", "undecided", "running")}
 
-def strategy_shares(run_dir) -> tuple[list[int], dict[str, list[float]]]:
-    "Per training step of a lab run: the share of episodes in each strategy of STRATEGIES."
+def strategy_stats(run_dir) -> tuple[list[int], dict[str, list[float]], dict[str, list[float]]]:
+    "Per training step of a lab run: the share of episodes in each strategy of STRATEGIES and its realised payoff (nan if unplayed)."
     from pathlib import Path
     from scope_nb.core import read_jsonl
-    steps, shares = [], {k: [] for k in STRATEGIES}
+    steps, shares, payoffs = [], {k: [] for k in STRATEGIES}, {k: [] for k in STRATEGIES}
     for f in sorted((Path(run_dir) / "trajectories").glob("step_*.jsonl")):
         try: eps = read_jsonl(f)
         except Exception: continue   # a torn file of a killed run: skip it
         if not eps: continue
         out = [outcome_of(e.conversation) for e in eps]
+        r = np.array([e.rewards.get("agent") if e.rewards.get("agent") is not None else np.nan for e in eps], float)
         steps.append(int(f.stem.split("_")[1]))
-        for k, names in STRATEGIES.items(): shares[k].append(sum(o in names for o in out) / len(out))
+        for k, names in STRATEGIES.items():
+            m = np.array([o in names for o in out])
+            shares[k].append(float(m.mean()))
+            payoffs[k].append(float(np.nanmean(r[m])) if m.any() and not np.isnan(r[m]).all() else float("nan"))
+    return steps, shares, payoffs
+
+def strategy_shares(run_dir) -> tuple[list[int], dict[str, list[float]]]:
+    "Per training step of a lab run: the share of episodes in each strategy of STRATEGIES."
+    steps, shares, _ = strategy_stats(run_dir)
     return steps, shares
 
 def fig_lab_strategies(groups, out) -> list:
@@ -263,3 +292,33 @@ def fig_lab_strategies(groups, out) -> list:
     fig.suptitle("Lab: what the agent does on its first turn", fontsize=9)
     from scope_nb.report import _save
     return _save(fig, Path(out), "lab_strategies")
+
+def _rolling(v, w: int = 5) -> np.ndarray:
+    "Mean over a trailing window of w steps, ignoring steps where the strategy was not played."
+    v = np.asarray(v, float)
+    return np.array([np.nanmean(v[max(0, i - w + 1): i + 1]) if not np.isnan(v[max(0, i - w + 1): i + 1]).all() else np.nan
+                     for i in range(len(v))])
+
+def fig_lab_payoffs(groups, out, gap: float = MODE_EXPLOIT_GAP) -> list:
+    "One panel per method: realised payoff of the exploit and of asking over training (5-step window), one line per seed."
+    import warnings
+    import matplotlib
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    from pathlib import Path
+    groups = {m: rs for m, rs in groups.items() if any(r.series("train/reward")[0].size for r in rs)}
+    n = max(1, len(groups))
+    fig, axes = plt.subplots(1, n, figsize=(2.6 * n + 0.6, 2.9), sharey=True, squeeze=False)
+    for ax, (method, runs) in zip(axes[0], groups.items()):
+        for r in runs:
+            steps, shares, pay = strategy_stats(r.path)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                for i, k in enumerate(("exploit", "ask")):
+                    ax.plot(steps, _rolling(pay[k]), color=f"C{i}", lw=0.8, alpha=0.8, label=k if r is runs[0] else None)
+        ax.axhline(1 - gap, color="k", ls=":", lw=0.8)
+        ax.set_title(method, fontsize=8); ax.set_xlabel("training step"); ax.grid(alpha=0.3); ax.set_ylim(-0.02, 1.02)
+    axes[0][0].set_ylabel("realised payoff (one line per seed)"); axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"Lab: what each strategy earned during training (dotted: asking's ceiling 1 − Δ = {1 - gap:.2f})", fontsize=9)
+    from scope_nb.report import _save
+    return _save(fig, Path(out), "lab_payoffs")

@@ -11,8 +11,9 @@ import numpy as np
 from .core import atomic_write_text
 
 # %% auto #0
-__all__ = ['RunLog', 'method_label', 'load_run', 'by_method', 'seed_band', 'curve_stats', 'results_table', 'table_markdown',
-           'fig_series', 'fig_eval_reward', 'fig_group_fractions', 'report']
+__all__ = ['PANEL_CELLS', 'RunLog', 'method_label', 'load_run', 'by_method', 'seed_band', 'curve_stats', 'mean_ci', 'diff_ci',
+           'per_seed', 'results_table', 'table_markdown', 'comparisons_table', 'comparisons_markdown', 'fig_series',
+           'fig_eval_reward', 'fig_group_fractions', 'report']
 
 # %% ../nbs/41_report.ipynb #b96944dd
 @dataclass
@@ -94,26 +95,77 @@ def curve_stats(steps: np.ndarray, vals: np.ndarray) -> dict:
     auc = float(np.sum((vals[1:] + vals[:-1]) / 2 * np.diff(steps)) / (steps[-1] - steps[0])) if len(vals) > 1 else float(vals[0])
     return {"best": float(vals.max()), "final": float(vals[-1]), "auc": auc}
 
-def results_table(groups: dict[str, list[RunLog]], keys=("eval/mean", "eval/seen", "eval/unseen")) -> list[dict]:
-    "One row per method and eval key: best / final / AUC as mean and std over seeds."
+PANEL_CELLS = ("eval/seen_collapsed", "eval/seen_uncollapsed", "eval/unseen_collapsed", "eval/unseen_uncollapsed")
+
+def mean_ci(v, level: float = 0.95) -> tuple[float, float, float]:
+    "(mean, lower, upper): Student-t interval for the mean of per-seed values (nan bounds with one seed)."
+    from scipy import stats
+    v = np.asarray(v, float)
+    if len(v) < 2: return float(v.mean()), float("nan"), float("nan")
+    h = stats.t.ppf((1 + level) / 2, len(v) - 1) * v.std(ddof=1) / np.sqrt(len(v))
+    return float(v.mean()), float(v.mean() - h), float(v.mean() + h)
+
+def diff_ci(a, b, level: float = 0.95) -> dict:
+    "Difference of means a − b over seeds with a Welch t interval (unequal variances)."
+    from scipy import stats
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    d = float(a.mean() - b.mean())
+    if len(a) < 2 or len(b) < 2: return dict(diff=d, lo=float("nan"), hi=float("nan"), n=(len(a), len(b)))
+    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
+    se = np.sqrt(va + vb)
+    if se == 0: return dict(diff=d, lo=d, hi=d, n=(len(a), len(b)))
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    h = stats.t.ppf((1 + level) / 2, df) * se
+    return dict(diff=d, lo=d - h, hi=d + h, n=(len(a), len(b)))
+
+def per_seed(runs: list[RunLog], key: str, stat: str) -> list[float]:
+    "One value of `stat` (best, final, auc) of eval curve `key` per run that reports it."
+    return [s[stat] for s in (curve_stats(*r.series(key)) for r in runs) if s]
+
+def results_table(groups: dict[str, list[RunLog]], keys=("eval/mean", "eval/seen", "eval/unseen") + PANEL_CELLS) -> list[dict]:
+    "One row per method and eval key: best / final / AUC as mean, std and 95% CI over seeds (keys no run reports are left out)."
     rows = []
     for method, runs in groups.items():
         for key in keys:
-            per_seed = [curve_stats(*r.series(key)) for r in runs]
-            per_seed = [s for s in per_seed if s]
-            if not per_seed: continue
-            row = {"method": method, "metric": key, "seeds": len(per_seed)}
+            per = [curve_stats(*r.series(key)) for r in runs]
+            per = [s for s in per if s]
+            if not per: continue
+            row = {"method": method, "metric": key, "seeds": len(per)}
             for stat in ("best", "final", "auc"):
-                v = np.array([s[stat] for s in per_seed])
-                row[stat], row[stat + "_std"] = float(v.mean()), float(v.std())
+                v = np.array([s[stat] for s in per])
+                m, lo, hi = mean_ci(v)
+                row[stat], row[stat + "_std"], row[stat + "_lo"], row[stat + "_hi"] = m, float(v.std()), lo, hi
             rows.append(row)
     return rows
 
 def table_markdown(rows: list[dict]) -> str:
-    "The results table as Markdown: mean ± std over seeds."
-    head = "| method | eval | seeds | best | final | AUC |\n|---|---|---|---|---|---|\n"
-    fmt = lambda r, k: f"{r[k]:.3f} ± {r[k + '_std']:.3f}"
-    return head + "".join(f"| {r['method']} | {r['metric'].split('/')[-1]} | {r['seeds']} | {fmt(r, 'best')} | {fmt(r, 'final')} | {fmt(r, 'auc')} |\n" for r in rows)
+    "The results table as Markdown: final and AUC (headline) as mean [95% CI], best as mean ± std, over seeds."
+    head = "| method | eval | seeds | final [95% CI] | AUC [95% CI] | best ± std |\n|---|---|---|---|---|---|\n"
+    ci = lambda r, k: f"{r[k]:.3f} [{r[k + '_lo']:.3f}, {r[k + '_hi']:.3f}]" if r.get(k + "_lo") == r.get(k + "_lo") else f"{r[k]:.3f}"
+    return head + "".join(f"| {r['method']} | {r['metric'].split('/', 1)[-1]} | {r['seeds']} | {ci(r, 'final')} | {ci(r, 'auc')} | "
+                          f"{r['best']:.3f} ± {r['best_std']:.3f} |\n" for r in rows)
+
+def comparisons_table(groups: dict[str, list[RunLog]], comparisons, keys=("eval/unseen", "eval/unseen_uncollapsed"),
+                      stats=("final", "auc")) -> list[dict]:
+    "For each (method, control method, what it measures): difference of per-seed stats with a Welch 95% CI and whether it excludes 0."
+    rows = []
+    for method, control, what in comparisons:
+        if method not in groups or control not in groups: continue
+        for key in keys:
+            for stat in stats:
+                a, b = per_seed(groups[method], key, stat), per_seed(groups[control], key, stat)
+                if not a or not b: continue
+                c = diff_ci(a, b)
+                verdict = "higher" if c["lo"] > 0 else "lower" if c["hi"] < 0 else "no difference shown"
+                rows.append(dict(method=method, control=control, what=what, metric=key, stat=stat, **c, verdict=verdict))
+    return rows
+
+def comparisons_markdown(rows: list[dict]) -> str:
+    "The comparisons as Markdown: method − control, 95% Welch CI over seeds, and whether the CI excludes 0."
+    head = "| method | control | eval | stat | difference [95% CI] | seeds | CI excludes 0 |\n|---|---|---|---|---|---|---|\n"
+    return head + "".join(f"| {r['method']} | {r['control']} | {r['metric'].split('/', 1)[-1]} | {r['stat']} | {r['diff']:+.3f} "
+                          f"[{r['lo']:+.3f}, {r['hi']:+.3f}] | {r['n'][0]} vs {r['n'][1]} | {r['verdict']} |\n" for r in rows)
+
 
 # %% ../nbs/41_report.ipynb #4b5a7a1e
 def _fig(title: str, ylabel: str):
@@ -181,8 +233,8 @@ def fig_group_fractions(groups, out: Path) -> list[Path]:
     return _save(fig, out, "group_fractions")
 
 # %% ../nbs/41_report.ipynb #da0ade61
-def report(run_dirs, out_dir, echo=print) -> dict:
-    "Load run folders, write figures (PNG + SVG), table.md / table.csv / table.json and problems.txt into `out_dir`."
+def report(run_dirs, out_dir, echo=print, comparisons=None) -> dict:
+    "Load run folders, write figures (PNG + SVG), table.md / .csv / .json, comparisons.md / .json (if given) and problems.txt into `out_dir`."
     out = Path(out_dir)
     runs = [load_run(d) for d in run_dirs]
     problems = [p for r in runs for p in r.problems]
@@ -199,13 +251,18 @@ def report(run_dirs, out_dir, echo=print) -> dict:
     if has("sim/entropy"): figs += fig_series(groups, "sim/entropy", "Simulator policy entropy (trained simulators)", "nats / token", out, "sim_entropy")
     if has("sim/collapse_eps"): figs += fig_series(groups, "sim/collapse_eps", "Simulator collapse error ε̂_φ (direct meter)", "ε̂_φ", out, "collapse_eps")
     if any(r.config.get("env", {}).get("name") == "lab" for rs in groups.values() for r in rs):
-        from scope_nb.lab import fig_lab_strategies
+        from scope_nb.lab import fig_lab_strategies, fig_lab_payoffs
         figs += fig_lab_strategies(groups, out)
+        figs += fig_lab_payoffs(groups, out)
     rows = results_table(groups)
     atomic_write_text(out / "table.md", table_markdown(rows))
     atomic_write_text(out / "table.json", json.dumps(rows, indent=1))
-    cols = ["method", "metric", "seeds", "best", "best_std", "final", "final_std", "auc", "auc_std"]
+    comp = comparisons_table(groups, comparisons) if comparisons else []
+    if comp:
+        atomic_write_text(out / "comparisons.md", comparisons_markdown(comp))
+        atomic_write_text(out / "comparisons.json", json.dumps(comp, indent=1))
+    cols = ["method", "metric", "seeds"] + [f"{s}{x}" for s in ("best", "final", "auc") for x in ("", "_std", "_lo", "_hi")]
     atomic_write_text(out / "table.csv", ",".join(cols) + "\n" + "".join(",".join(str(r[c]) for c in cols) + "\n" for r in rows))
     atomic_write_text(out / "problems.txt", "".join(p + "\n" for p in problems))
     echo(f"{len([r for r in runs if r.rows])} runs in {len(groups)} methods; wrote {len(figs)} figure files and the table to {out}")
-    return {"runs": len(runs), "methods": list(groups), "figures": [str(f) for f in figs], "table": rows, "problems": problems}
+    return {"runs": len(runs), "methods": list(groups), "figures": [str(f) for f in figs], "table": rows, "comparisons": comp, "problems": problems}

@@ -101,7 +101,7 @@ def default_panel(cfg: Config) -> list[PanelEntry]:
 def evaluate(cfg: Config, env: Env, agent: Speaker, panel: list[tuple[PanelEntry, Speaker]], step: int, run_dir: Path) -> dict:
     "Agent vs each panel simulator on the test split; per-simulator, seen, unseen and overall means; episodes saved."
     tasks = env.tasks("test")[: cfg.eval.tasks]
-    out, seen, unseen = {}, [], []
+    out, seen, unseen, cells = {}, [], [], {}
     for j, (entry, sim) in enumerate(panel):
         agent.reseed(_seed(cfg.run.seed, step, 10_000 + j))
         if sim is not agent: sim.reseed(_seed(cfg.run.seed, step, 20_000 + j))
@@ -112,8 +112,9 @@ def evaluate(cfg: Config, env: Env, agent: Speaker, panel: list[tuple[PanelEntry
         m = float(np.mean(r)) if r else None
         out[f"eval/{entry.name}/reward"], out[f"eval/{entry.name}/reward_std"] = m, float(np.std(r)) if r else None
         out[f"eval/{entry.name}/frac_failed"] = 1 - len(r) / max(1, len(res.episodes))
-        if m is not None: (seen if entry.seen else unseen).append(m)
-    for k, v in (("eval/seen", seen), ("eval/unseen", unseen), ("eval/mean", seen + unseen)):
+        if m is not None and not entry.extra: (seen if entry.seen else unseen).append(m)
+        if m is not None and entry.cell: cells.setdefault(f"eval/{entry.cell}", []).append(m)
+    for k, v in (("eval/seen", seen), ("eval/unseen", unseen), ("eval/mean", seen + unseen), *cells.items()):
         if v: out[k], out[k + "_std"] = float(np.mean(v)), float(np.std(v))
     return out
 

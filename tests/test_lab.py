@@ -46,11 +46,32 @@ def test_ensemble_fix_keeps_heldout_reward(lab_runs):
 def test_lab_report(lab_runs):
     out, res = lab_runs
     rep = out / "report"
-    for f in ("training_reward", "eval_reward", "entropy", "group_fractions", "lab_strategies"):
+    for f in ("training_reward", "eval_reward", "entropy", "group_fractions", "lab_strategies", "lab_payoffs"):
         assert (rep / f"{f}.png").stat().st_size > 5000 and (rep / f"{f}.svg").exists()
     rows = {(r["method"], r["metric"]): r for r in res["table"]}
     assert rows[("RL (Single)", "eval/unseen")]["seeds"] == 3
     assert rows[("RL (Single)", "eval/unseen")]["final"] < rows[("RL + Ensemble (K=3)", "eval/unseen")]["final"]
+    for cell in ("seen_collapsed", "seen_uncollapsed", "unseen_collapsed", "unseen_uncollapsed"):   # the 2×2 panel, with CIs
+        r = rows[("RL (Single)", f"eval/{cell}")]
+        assert r["seeds"] == 3 and r["final_lo"] <= r["final"] <= r["final_hi"]
+    # RL (Single) exploits frugal's mode: it does best against collapsed users, whichever family, seen or not
+    assert rows[("RL (Single)", "eval/seen_collapsed")]["final"] > rows[("RL (Single)", "eval/seen_uncollapsed")]["final"]
+    comp = {(c["method"], c["control"], c["metric"], c["stat"]): c for c in res["comparisons"]}
+    c = comp[("RL + Ensemble (K=3)", "RL (Single)", "eval/unseen", "final")]
+    assert c["lo"] > 0 and c["verdict"] == "higher" and c["n"] == (3, 3)
+    assert "CI excludes 0" in (rep / "comparisons.md").read_text()
+
+
+def test_control_arms_and_panel_cells(tmp_path):
+    "The three control arms run (a short 1-seed smoke) and every run reports the four panel cells."
+    arms = ["frozen-uncollapsed", "cotrain-from-collapsed", "population-from-collapsed"]
+    res = run_experiment("collapse-lab", "lab", (0,), str(tmp_path), jobs=2, arms=arms, steps=6, progress=False, echo=lambda *a: None)
+    assert res["errors"] == {}
+    for a in arms:
+        rows = [json.loads(l) for l in (tmp_path / "collapse-lab" / "lab" / f"{a}-s0" / "metrics.jsonl").read_text().splitlines()]
+        evals = [r for r in rows if "eval/unseen" in r]
+        assert len(evals) == 1 and all(f"eval/{c}" in evals[0] for c in ("seen_collapsed", "seen_uncollapsed", "unseen_collapsed", "unseen_uncollapsed"))
+        assert abs(evals[0]["eval/unseen"] - evals[0]["eval/unseen_uncollapsed"]) < 1e-12   # eval/unseen keeps its meaning
 
 
 def test_experiment_resumes_an_interrupted_run(tmp_path):
