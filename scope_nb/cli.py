@@ -121,6 +121,8 @@ def _parser() -> argparse.ArgumentParser:
     xr.add_argument("--scale", default="lab", choices=["lab", "cpu-llm", "gpu"]); xr.add_argument("--seeds", type=int, default=3)
     xr.add_argument("--out", default="runs/experiments"); xr.add_argument("--jobs", type=int, default=2, help="runs side by side (processes)")
     xr.add_argument("--arms", default="", help="comma-separated subset of arms"); xr.add_argument("--steps", type=int, default=None, help="override run.steps")
+    xr.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a setting of every arm, e.g. --set grpo.advantage=zscore (use a separate --out: runs are resumed by name)")
     la = sub.add_parser("launch", help="gpu-scale run of one experiment arm (launch/ wraps this); `scope launch stop RUN_DIR` stops it")
     la.add_argument("experiment", help="experiment name, or 'stop'"); la.add_argument("arm", help="arm name (or the run folder after 'stop')")
     la.add_argument("--dry-run", action="store_true", help="print config, placement, processes and checks; start nothing")
@@ -157,8 +159,12 @@ def _experiment(args) -> None:
     else:
         for n in args.names: get_experiment(n)   # unknown names fail before anything runs
         for n in args.names:
-            res = run_experiment(n, args.scale, range(args.seeds), args.out, args.jobs, [a for a in args.arms.split(",") if a] or None, args.steps)
+            res = run_experiment(n, args.scale, range(args.seeds), args.out, args.jobs, [a for a in args.arms.split(",") if a] or None, args.steps,
+                                 overrides=args.overrides)
             print(table_markdown(res["table"]))
+            if res["comparisons"]:
+                from scope_nb.report import comparisons_markdown
+                print(comparisons_markdown(res["comparisons"]))
             print(f"{n}: {res['seconds']:.0f}s; figures and table in {res['report_dir']}")
             if res["errors"]: raise RuntimeError(f"{len(res['errors'])} run(s) of {n} failed (see above)")
 

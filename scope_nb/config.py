@@ -233,6 +233,7 @@ def validate(cfg: Config) -> Config:
     vocab = env_class(cfg.env.name).vocab
     g = cfg.grpo
     if g.advantage not in ADVANTAGES: raise ConfigError(f"grpo.advantage = {g.advantage!r}: use one of {ADVANTAGES}")
+    if g.optimizer not in ("adamw", "sgd"): raise ConfigError(f"grpo.optimizer = {g.optimizer!r}: use 'adamw' (the paper's) or 'sgd'")
     if g.group_size < 1 or g.batch_tasks < 1: raise ConfigError("grpo.group_size and grpo.batch_tasks must be >= 1")
     if g.group_size == 1 and g.advantage in ("zscore", "mean"):
         raise ConfigError(f"grpo.group_size = 1 with grpo.advantage = {g.advantage!r}: a group of one has σ = 0, so every "

@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy, json, os, time
 from dataclasses import dataclass, field
 from pathlib import Path
-from .config import Config, ConfigError, from_dict, to_dict, to_toml, validate
+from .config import Config, ConfigError, apply_overrides, from_dict, to_dict, to_toml, validate
 from .lab import SEEN_FAMILIES, UNSEEN_FAMILIES
 
 # %% auto #0
@@ -58,7 +58,7 @@ LAB_BASE = {
     "env": dict(name="lab", max_turns=2),
     "agent": dict(model="lab-agent", train=True, temperature=1.0, max_new_tokens=2),
     "user": dict(model="lab:frugal@4", temperature=1.0, max_new_tokens=2),
-    "grpo": dict(lr=3e-4, batch_tasks=8, group_size=8, kl_coef=0.005, micro_batch=64),
+    "grpo": dict(lr=3e-3, batch_tasks=8, group_size=8, kl_coef=0.005, micro_batch=64, advantage="mean", train_only=["lm_head"]),
     "eval": dict(every=10, tasks=16, samples=4, agent_temperature=1.0, panel=lab_panel()),
     "checkpoint": dict(every=40, keep=1),
 }
@@ -204,8 +204,8 @@ def get_experiment(name: str) -> Experiment:
     return EXPERIMENTS[name]
 
 def experiment_dicts(name: str, scale: str, seeds=(0,), out: str = "runs/experiments", arms=None, steps: int | None = None,
-                     settings: str = "paper") -> list[dict]:
-    "Config dicts of every (arm, seed) of an experiment at `scale`, with run name, folder, seed and method label set."
+                     settings: str = "paper", overrides=None) -> list[dict]:
+    "Config dicts of every (arm, seed) of an experiment at `scale`, with run name, folder, seed and method label set; `overrides` (a nested dict or `--set` strings) apply to every arm."
     e = get_experiment(name)
     if scale not in e.scales: raise ConfigError(f"experiment {name!r} has no {scale!r} scale; it has: {', '.join(e.scales)}")
     if settings not in ("paper", "release"): raise ConfigError(f"--settings {settings!r}: use 'paper' or 'release'")
@@ -218,6 +218,8 @@ def experiment_dicts(name: str, scale: str, seeds=(0,), out: str = "runs/experim
     for a in chosen:
         d = merge(base, a.overrides)
         if settings == "release": d = merge(d, a.release)
+        if isinstance(overrides, dict): d = merge(d, overrides)
+        elif overrides: d = apply_overrides(d, list(overrides))
         label = a.method + (" [release]" if settings == "release" and a.release else "")
         for s in seeds:
             r = dict(d["run"], name=f"{a.name}-s{s}", out_dir=out_dir, seed=int(s), method=label)
@@ -225,12 +227,12 @@ def experiment_dicts(name: str, scale: str, seeds=(0,), out: str = "runs/experim
             dicts.append(dict(d, run=r))
     return dicts
 
-def experiment_configs(name: str, scale: str, seeds=(0,), out: str = "runs/experiments", arms=None, steps=None) -> list[Config]:
+def experiment_configs(name: str, scale: str, seeds=(0,), out: str = "runs/experiments", arms=None, steps=None, overrides=None) -> list[Config]:
     "Validated configs of an experiment at the `lab` or `cpu-llm` scale (a ConfigError names the arm and key)."
     if scale == "gpu": raise ConfigError("the gpu scale needs GPU nodes and API keys: write its configs with `scope experiment show NAME --scale gpu --out DIR` "
                                          "and start them with the launchers in launch/")
     out_cfgs = []
-    for d in experiment_dicts(name, scale, seeds, out, arms, steps):
+    for d in experiment_dicts(name, scale, seeds, out, arms, steps, overrides=overrides):
         try: out_cfgs.append(validate(from_dict(Config, d)))
         except ConfigError as err: raise ConfigError(f"{name} / {d['run']['name']}: {err}") from None
     return out_cfgs
@@ -266,13 +268,13 @@ def method_comparisons(name: str, scale: str) -> list[tuple[str, str, str]]:
     return [(label[a], label[c], w) for a, c, w in e.comparisons if a in label and c in label]
 
 def run_experiment(name: str, scale: str = "lab", seeds=(0,), out: str = "runs/experiments", jobs: int = 2, arms=None,
-                   steps: int | None = None, progress: bool = True, echo=print) -> dict:
+                   steps: int | None = None, progress: bool = True, echo=print, overrides=None) -> dict:
     "Run (or continue) every arm × seed of an experiment, then write its report; returns the report summary."
     from concurrent.futures import ProcessPoolExecutor
     import multiprocessing as mp
     from tqdm.auto import tqdm
     from scope_nb.report import report
-    cfgs = experiment_configs(name, scale, seeds, out, arms, steps)
+    cfgs = experiment_configs(name, scale, seeds, out, arms, steps, overrides)
     todo = [c for c in cfgs if not run_finished(c)]
     echo(f"{name} [{scale}]: {len(cfgs)} runs ({len(cfgs) - len(todo)} already finished) in {Path(out) / name / scale}")
     errors, t0 = {}, time.perf_counter()

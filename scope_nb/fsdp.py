@@ -40,6 +40,7 @@ class FSDPTrainer(GRPOTrainer):
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.policy, self.cfg, self.temperature = policy, cfg, temperature
         self.model = policy.model
+        if cfg.train_only: raise ValueError("grpo.train_only: only the single-process trainer (--trainer torch) trains a subset of parameters")
         self.ref = copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None   # replicated
         for layer in decoder_layers(self.model): fully_shard(layer)
         fully_shard(self.model)

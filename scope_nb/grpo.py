@@ -5,15 +5,15 @@
 # %% ../nbs/32_grpo.ipynb #c086bc29
 from __future__ import annotations
 import copy, math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 import numpy as np
 import torch
 from .core import Episode, RoleTrajectory, group_episodes
 from .training import LocalPolicy, first_scored, token_logprobs
 
 # %% auto #0
-__all__ = ['ADVANTAGES', 'group_advantages', 'k3_kl', 'clipped_surrogate', 'GRPOConfig', 'GRPOTrainer', 'role_items',
-           'group_stats']
+__all__ = ['ADVANTAGES', 'group_advantages', 'k3_kl', 'clipped_surrogate', 'GRPOConfig', 'freeze_except', 'GRPOTrainer',
+           'role_items', 'group_stats']
 
 # %% ../nbs/32_grpo.ipynb #b2629d38
 ADVANTAGES = ("zscore", "mean", "raw")
@@ -56,19 +56,37 @@ class GRPOConfig:
     updates_per_batch: int = 1
     mask_truncated: bool = False
     flip_advantage: bool = False  # negative control: train against the advantage (must make learning fail)
+    optimizer: str = "adamw"      # adamw (the paper's) | sgd (plain gradient steps: no per-parameter normalisation)
+    train_only: list[str] = field(default_factory=list)   # parameter-name prefixes to train (empty: all), e.g. ["lm_head"]
+
+def freeze_except(model, prefixes) -> int:
+    "Train only parameters whose names start with one of `prefixes` (grpo.train_only); returns how many tensors stay trainable."
+    names = [n for n, _ in model.named_parameters()]
+    for pre in prefixes:
+        if not any(n.startswith(pre) for n in names):
+            tops = sorted({n.rsplit(".", 2)[0] if n.count(".") > 1 else n.split(".")[0] for n in names})[:12]
+            raise ValueError(f"grpo.train_only: {pre!r} matches no parameter of the policy; parameter names start with e.g. {', '.join(tops)}")
+    n = 0
+    for name, p in model.named_parameters():
+        keep = any(name.startswith(pre) for pre in prefixes)
+        p.requires_grad_(keep); n += keep
+    return n
 
 class GRPOTrainer:
     "GRPO for one local policy: AdamW, frozen reference for the k3 KL, micro-batched token-level loss."
     def __init__(self, policy: LocalPolicy, cfg: GRPOConfig, temperature: float = 1.0):
         self.policy, self.cfg, self.temperature = policy, cfg, temperature
         self.model = policy.model
+        if cfg.train_only: freeze_except(self.model, cfg.train_only)
         self.ref = copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
         self.opt = self._optimizer()
 
     def _optimizer(self):
         cfg = self.cfg
-        return torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=cfg.lr, betas=tuple(cfg.betas),
-                                 weight_decay=cfg.weight_decay)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if cfg.optimizer == "sgd": return torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        if cfg.optimizer != "adamw": raise ValueError(f"optimizer {cfg.optimizer!r}: use 'adamw' or 'sgd'")
+        return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
 
     # parallel backends (35_fsdp, 36_megatron_train) override these: which items this process computes, how much each
     # process's loss counts, how per-process statistics are summed, how a model scores tokens, how gradients are clipped

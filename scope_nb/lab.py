@@ -4,7 +4,7 @@
 
 # %% ../nbs/14_lab.ipynb #b50c3f7a
 from __future__ import annotations
-import re, zlib
+import functools, re, zlib
 from dataclasses import dataclass
 import numpy as np
 import torch
@@ -248,17 +248,24 @@ def lab_speaker(spec: str, name: str, seed: int, trainable: bool = False, temper
 # %% ../nbs/14_lab.ipynb #e62fd690
 STRATEGIES = {"exploit": ("exploit-hit", "exploit-miss"), "ask": ("ask-hit", "ask-miss"), "small talk / other": ("off-topic", "undecided", "running")}
 
-def strategy_stats(run_dir) -> tuple[list[int], dict[str, list[float]], dict[str, list[float]]]:
-    "Per training step of a lab run: the share of episodes in each strategy of STRATEGIES and its realised payoff (nan if unplayed)."
+def _outcome_of_turns(turns: list[dict]) -> str:
+    "outcome_of on the raw JSON turns of a stored episode (no Episode objects: the report reads thousands of them)."
+    from scope_nb.core import Conversation
+    conv = Conversation({})
+    for t in turns: conv.say(t["speaker"], t["message"].get("content") or "")
+    return outcome_of(conv)
+
+@functools.lru_cache(maxsize=256)
+def _strategy_stats(run_dir: str, stamp: float) -> tuple:
+    import json
     from pathlib import Path
-    from scope_nb.core import read_jsonl
     steps, shares, payoffs = [], {k: [] for k in STRATEGIES}, {k: [] for k in STRATEGIES}
     for f in sorted((Path(run_dir) / "trajectories").glob("step_*.jsonl")):
-        try: eps = read_jsonl(f)
+        try: eps = [json.loads(l) for l in f.read_text().splitlines() if l.strip()]
         except Exception: continue   # a torn file of a killed run: skip it
         if not eps: continue
-        out = [outcome_of(e.conversation) for e in eps]
-        r = np.array([e.rewards.get("agent") if e.rewards.get("agent") is not None else np.nan for e in eps], float)
+        out = [_outcome_of_turns(e["conversation"]["turns"]) for e in eps]
+        r = np.array([(e.get("rewards") or {}).get("agent") for e in eps], float)
         steps.append(int(f.stem.split("_")[1]))
         for k, names in STRATEGIES.items():
             m = np.array([o in names for o in out])
@@ -266,10 +273,24 @@ def strategy_stats(run_dir) -> tuple[list[int], dict[str, list[float]], dict[str
             payoffs[k].append(float(np.nanmean(r[m])) if m.any() and not np.isnan(r[m]).all() else float("nan"))
     return steps, shares, payoffs
 
+def strategy_stats(run_dir) -> tuple[list[int], dict[str, list[float]], dict[str, list[float]]]:
+    "Per training step of a lab run: the share of episodes in each strategy of STRATEGIES and its realised payoff (nan if unplayed)."
+    from pathlib import Path
+    traj = Path(run_dir) / "trajectories"
+    stamp = max((f.stat().st_mtime for f in traj.glob("step_*.jsonl")), default=0.0)   # re-read when the run has grown
+    return _strategy_stats(str(Path(run_dir).resolve()), stamp)
+
 def strategy_shares(run_dir) -> tuple[list[int], dict[str, list[float]]]:
     "Per training step of a lab run: the share of episodes in each strategy of STRATEGIES."
     steps, shares, _ = strategy_stats(run_dir)
     return steps, shares
+
+def _panels(n: int, cols: int = 5):
+    "A grid of up to `cols` panels per row, shared y axis."
+    import matplotlib.pyplot as plt
+    n, cols = max(1, n), min(cols, max(1, n))
+    rows = -(-n // cols)
+    return plt.subplots(rows, cols, figsize=(2.6 * cols + 0.6, 2.7 * rows + 0.3), sharey=True, squeeze=False)
 
 def fig_lab_strategies(groups, out) -> list:
     "One panel per method: share of exploit / ask / small-talk episodes over training steps (mean over seeds)."
@@ -278,9 +299,8 @@ def fig_lab_strategies(groups, out) -> list:
     import matplotlib.pyplot as plt
     from pathlib import Path
     groups = {m: rs for m, rs in groups.items() if any(r.series("train/reward")[0].size for r in rs)}
-    n = max(1, len(groups))
-    fig, axes = plt.subplots(1, n, figsize=(2.6 * n + 0.6, 2.9), sharey=True, squeeze=False)
-    for ax, (method, runs) in zip(axes[0], groups.items()):
+    fig, axes = _panels(len(groups))
+    for ax, (method, runs) in zip(axes.flat, groups.items()):
         per = [strategy_shares(r.path) for r in runs]
         common = sorted(set.intersection(*[set(s) for s, _ in per])) if per else []
         for i, k in enumerate(STRATEGIES):
@@ -288,6 +308,7 @@ def fig_lab_strategies(groups, out) -> list:
             v = np.mean([[dict(zip(s, sh[k]))[c] for c in common] for s, sh in per], 0)
             ax.plot(common, v, color=f"C{i}", label=k)
         ax.set_title(method, fontsize=8); ax.set_xlabel("training step"); ax.grid(alpha=0.3); ax.set_ylim(-0.02, 1.02)
+    for ax in axes.flat[len(groups):]: ax.set_visible(False)
     axes[0][0].set_ylabel("share of episodes"); axes[0][0].legend(fontsize=7)
     fig.suptitle("Lab: what the agent does on its first turn", fontsize=9)
     from scope_nb.report import _save
@@ -307,9 +328,8 @@ def fig_lab_payoffs(groups, out, gap: float = MODE_EXPLOIT_GAP) -> list:
     import matplotlib.pyplot as plt
     from pathlib import Path
     groups = {m: rs for m, rs in groups.items() if any(r.series("train/reward")[0].size for r in rs)}
-    n = max(1, len(groups))
-    fig, axes = plt.subplots(1, n, figsize=(2.6 * n + 0.6, 2.9), sharey=True, squeeze=False)
-    for ax, (method, runs) in zip(axes[0], groups.items()):
+    fig, axes = _panels(len(groups))
+    for ax, (method, runs) in zip(axes.flat, groups.items()):
         for r in runs:
             steps, shares, pay = strategy_stats(r.path)
             with warnings.catch_warnings():
@@ -318,6 +338,7 @@ def fig_lab_payoffs(groups, out, gap: float = MODE_EXPLOIT_GAP) -> list:
                     ax.plot(steps, _rolling(pay[k]), color=f"C{i}", lw=0.8, alpha=0.8, label=k if r is runs[0] else None)
         ax.axhline(1 - gap, color="k", ls=":", lw=0.8)
         ax.set_title(method, fontsize=8); ax.set_xlabel("training step"); ax.grid(alpha=0.3); ax.set_ylim(-0.02, 1.02)
+    for ax in axes.flat[len(groups):]: ax.set_visible(False)
     axes[0][0].set_ylabel("realised payoff (one line per seed)"); axes[0][0].legend(fontsize=7)
     fig.suptitle(f"Lab: what each strategy earned during training (dotted: asking's ceiling 1 − Δ = {1 - gap:.2f})", fontsize=9)
     from scope_nb.report import _save

@@ -127,6 +127,7 @@ class MegatronTrainer(GRPOTrainer):
         self.rank = dist.get_rank()
         self.policy, self.cfg, self.temperature = policy, cfg, temperature
         self.hf_config = policy.model.config
+        if cfg.train_only: raise ValueError("grpo.train_only: only the single-process trainer (--trainer torch) trains a subset of parameters")
         p = next(policy.model.parameters())
         self.device, self.dtype = p.device, p.dtype
         full = hf_to_megatron(policy.model.state_dict(), self.hf_config)

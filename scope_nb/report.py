@@ -145,7 +145,7 @@ def table_markdown(rows: list[dict]) -> str:
     return head + "".join(f"| {r['method']} | {r['metric'].split('/', 1)[-1]} | {r['seeds']} | {ci(r, 'final')} | {ci(r, 'auc')} | "
                           f"{r['best']:.3f} ± {r['best_std']:.3f} |\n" for r in rows)
 
-def comparisons_table(groups: dict[str, list[RunLog]], comparisons, keys=("eval/unseen", "eval/unseen_uncollapsed"),
+def comparisons_table(groups: dict[str, list[RunLog]], comparisons, keys=("eval/unseen",),
                       stats=("final", "auc")) -> list[dict]:
     "For each (method, control method, what it measures): difference of per-seed stats with a Welch 95% CI and whether it excludes 0."
     rows = []

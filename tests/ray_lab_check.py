@@ -33,6 +33,7 @@ def config(name, arm):
             "agent.seeding=episode", "eval.every=3", "checkpoint.every=3"])
     d = experiment_dicts("collapse-lab", "lab", (0,), f"{out}/{name}", [arm], steps=6)[0]
     d["agent"]["seeding"] = "episode"; d["user"]["seeding"] = "episode"; d["eval"]["every"] = 3; d["checkpoint"]["every"] = 3
+    d["grpo"]["train_only"] = []   # every weight: the split trainers (FSDP2, megatron) shard and train all of them
     return validate(from_dict(Config, d))
 
 

@@ -19,7 +19,7 @@ def _series(run: Path, key: str) -> np.ndarray:
 @pytest.fixture(scope="module")
 def lab_runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("lab")
-    res = run_experiment("collapse-lab", "lab", SEEDS, str(out), jobs=2, arms=["rl-single", "ensemble"], progress=False)
+    res = run_experiment("collapse-lab", "lab", SEEDS, str(out), jobs=2, arms=["rl-single", "ensemble", "vs"], progress=False)
     assert res["errors"] == {}
     return out / "collapse-lab" / "lab", res
 
@@ -41,6 +41,33 @@ def test_ensemble_fix_keeps_heldout_reward(lab_runs):
     for s in SEEDS:
         single, ens = (_series(lab_runs[0] / f"{a}-s{s}", "eval/unseen")[-1] for a in ("rl-single", "ensemble"))
         assert ens > single + 0.25, (s, single, ens)
+
+
+def _exploit_stats(run: Path, last: int = 10) -> tuple[float, float]:
+    "(exploit share over the last `last` steps, the exploit's realised payoff over all steps where it was played)."
+    from scope_nb.lab import strategy_stats
+    steps, shares, pay = strategy_stats(run)
+    played = [(s, p) for s, p in zip(shares["exploit"], pay["exploit"]) if s > 0]
+    payoff = sum(s * p for s, p in played) / sum(s for s, _ in played)
+    return float(np.mean(shares["exploit"][-last:])), payoff
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_exploit_that_pays_less_does_not_win(lab_runs, seed):
+    "Against VS (ρ = 0.75: the exploit pays 0.65 < 0.70 for asking) the agent ends asking, while RL (Single) (0.95) exploits."
+    share, payoff = _exploit_stats(lab_runs[0] / f"vs-s{seed}")
+    assert payoff < 0.7 and share < 0.1, (payoff, share)
+    share, payoff = _exploit_stats(lab_runs[0] / f"rl-single-s{seed}")
+    assert payoff > 0.7 and share > 0.9, (payoff, share)
+
+
+def test_old_lab_update_let_the_exploit_win(tmp_path):
+    "The regression this guards against: with z-scored advantages and every weight trained (the earlier lab), VS seed 0 exploits."
+    res = run_experiment("collapse-lab", "lab", (0,), str(tmp_path), jobs=1, arms=["vs"], progress=False, echo=lambda *a: None,
+                         overrides={"grpo": {"advantage": "zscore", "train_only": [], "lr": 3e-4}})
+    assert res["errors"] == {}
+    share, payoff = _exploit_stats(tmp_path / "collapse-lab" / "lab" / "vs-s0")
+    assert payoff < 0.7 and share > 0.9, (payoff, share)
 
 
 def test_lab_report(lab_runs):
