@@ -5,6 +5,7 @@
 # %% ../nbs/40_experiments.ipynb #8a9e2505
 from __future__ import annotations
 import copy, json, os, time
+import numpy as np
 from dataclasses import dataclass, field
 from pathlib import Path
 from .config import Config, ConfigError, apply_overrides, from_dict, to_dict, to_toml, validate
@@ -14,7 +15,7 @@ from .lab import SEEN_FAMILIES, UNSEEN_FAMILIES
 __all__ = ['LAB_BASE', 'LAB_METHODS', 'LAB_COMPARISONS', 'DEMO_ARMS', 'CPU_LLM_METHODS', 'ROUTER', 'PAPER_PANEL', 'MAX_TURNS',
            'COOP_ARMS', 'EXPERIMENTS', 'SCALES', 'Arm', 'Experiment', 'merge', 'lab_panel', 'cpu_llm_base', 'gpu_base',
            'gpu_methods', 'get_experiment', 'experiment_dicts', 'experiment_configs', 'run_finished',
-           'method_comparisons', 'run_experiment', 'write_configs']
+           'method_comparisons', 'fig_sweep', 'run_experiment', 'write_configs']
 
 # %% ../nbs/40_experiments.ipynb #4e8fd8ec
 @dataclass
@@ -35,6 +36,7 @@ class Experiment:
     scales: dict[str, tuple[dict, list[Arm]]]
     notes: str = ""
     comparisons: list[tuple[str, str, str]] = field(default_factory=list)   # (arm, control arm, what the difference measures)
+    sweep: dict = field(default_factory=dict)   # a dose-response figure: {"x": axis label, "values": {arm: x value}}
 
 def merge(base: dict, over: dict) -> dict:
     "Deep-merge nested dict `over` into a copy of `base` (lists and scalars replace)."
@@ -169,10 +171,11 @@ COOP_ARMS = [Arm("cross-play", "Cross-play (frozen partner)", {"user": dict(mode
 EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
     Experiment("collapse-lab", 2, "Table 1 (lab)", "the lab comparison of every method against the most modal simulator, with controls",
                {"lab": (LAB_BASE, LAB_METHODS)}, comparisons=LAB_COMPARISONS),
-    Experiment("vs-recovery", 1, "Table 1 VS row (lab), referee objection 4", "RL + VS with the lab's VS recovery ρ swept from 0 to 1",
+    Experiment("vs-recovery", 1, "Table 1, VS row (lab)", "RL + VS with the lab's VS recovery ρ swept from 0 to 1",
                {"lab": (LAB_BASE, [Arm(f"vs-rho{r:g}", f"RL + VS, ρ={r:g}", {"user": dict(mode="vs", vs_n=5, model=f"lab:frugal@4/rho={r:g}")})
                                    for r in (0, 0.25, 0.5, 0.75, 1)])},
-               comparisons=[(f"vs-rho{r:g}", "vs-rho0", "recovery ρ vs none") for r in (0.25, 0.5, 0.75, 1)]),
+               comparisons=[(f"vs-rho{r:g}", "vs-rho0", "recovery ρ vs none") for r in (0.25, 0.5, 0.75, 1)],
+               sweep=dict(x="VS recovery ρ", values={f"vs-rho{r:g}": r for r in (0, 0.25, 0.5, 0.75, 1)})),
     _table1("p4g", "Table 1, P4G column"), _table1("tau2-retail", "Table 1, τ² retail"), _table1("tau2-airline", "Table 1, τ² airline"),
     Experiment("table2-cooperbench", 1, "Table 2", "CooperBench cross-play, self-play and population self-play",
                {"cpu-llm": (_COOP_CPU, COOP_ARMS),
@@ -267,6 +270,26 @@ def method_comparisons(name: str, scale: str) -> list[tuple[str, str, str]]:
     label = {a.name: a.method for a in e.scales[scale][1]}
     return [(label[a], label[c], w) for a, c, w in e.comparisons if a in label and c in label]
 
+def fig_sweep(table: list[dict], name: str, scale: str, out) -> list:
+    "Dose-response of an experiment's `sweep`: final and AUC of eval/unseen per arm value, mean and 95% CI over seeds."
+    import matplotlib
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    from scope_nb.report import save_figure
+    e = get_experiment(name)
+    label = {a.name: a.method for a in e.scales[scale][1]}
+    rows = {(r["method"], r["metric"]): r for r in table}
+    fig, ax = plt.subplots(figsize=(4.2, 3.0))
+    for stat, c in (("final", "C0"), ("auc", "C1")):
+        pts = [(x, rows[(label[a], "eval/unseen")]) for a, x in e.sweep["values"].items() if (label.get(a), "eval/unseen") in rows]
+        if not pts: continue
+        xs, rs = [p[0] for p in pts], [p[1] for p in pts]
+        m = np.array([r[stat] for r in rs]); lo = np.array([r[stat + "_lo"] for r in rs]); hi = np.array([r[stat + "_hi"] for r in rs])
+        ax.errorbar(xs, m, yerr=[np.nan_to_num(m - lo), np.nan_to_num(hi - m)], color=c, marker="o", capsize=3, label=f"{stat} (95% CI)")
+    ax.set(xlabel=e.sweep["x"], ylabel="held-out reward, unseen families", title=f"{name}: dose-response"); ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return save_figure(fig, Path(out), f"{name}_sweep")
+
 def run_experiment(name: str, scale: str = "lab", seeds=(0,), out: str = "runs/experiments", jobs: int = 2, arms=None,
                    steps: int | None = None, progress: bool = True, echo=print, overrides=None) -> dict:
     "Run (or continue) every arm × seed of an experiment, then write its report; returns the report summary."
@@ -294,6 +317,7 @@ def run_experiment(name: str, scale: str = "lab", seeds=(0,), out: str = "runs/e
     bar.close()
     for d, e in errors.items(): echo(f"error: run {d} failed: {e}")
     res = report([c.run_dir for c in cfgs], Path(out) / name / scale / "report", echo=echo, comparisons=method_comparisons(name, scale))
+    if get_experiment(name).sweep: res["figures"] += [str(p) for p in fig_sweep(res["table"], name, scale, Path(out) / name / scale / "report")]
     res.update(errors=errors, seconds=time.perf_counter() - t0, report_dir=str(Path(out) / name / scale / "report"))
     return res
 

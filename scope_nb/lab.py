@@ -311,8 +311,8 @@ def fig_lab_strategies(groups, out) -> list:
     for ax in axes.flat[len(groups):]: ax.set_visible(False)
     axes[0][0].set_ylabel("share of episodes"); axes[0][0].legend(fontsize=7)
     fig.suptitle("Lab: what the agent does on its first turn", fontsize=9)
-    from scope_nb.report import _save
-    return _save(fig, Path(out), "lab_strategies")
+    from scope_nb.report import save_figure
+    return save_figure(fig, Path(out), "lab_strategies")
 
 def _rolling(v, w: int = 5) -> np.ndarray:
     "Mean over a trailing window of w steps, ignoring steps where the strategy was not played."
@@ -341,5 +341,5 @@ def fig_lab_payoffs(groups, out, gap: float = MODE_EXPLOIT_GAP) -> list:
     for ax in axes.flat[len(groups):]: ax.set_visible(False)
     axes[0][0].set_ylabel("realised payoff (one line per seed)"); axes[0][0].legend(fontsize=7)
     fig.suptitle(f"Lab: what each strategy earned during training (dotted: asking's ceiling 1 − Δ = {1 - gap:.2f})", fontsize=9)
-    from scope_nb.report import _save
-    return _save(fig, Path(out), "lab_payoffs")
+    from scope_nb.report import save_figure
+    return save_figure(fig, Path(out), "lab_payoffs")

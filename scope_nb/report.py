@@ -12,8 +12,8 @@ from .core import atomic_write_text
 
 # %% auto #0
 __all__ = ['PANEL_CELLS', 'RunLog', 'method_label', 'load_run', 'by_method', 'seed_band', 'curve_stats', 'mean_ci', 'diff_ci',
-           'per_seed', 'results_table', 'table_markdown', 'comparisons_table', 'comparisons_markdown', 'fig_series',
-           'fig_eval_reward', 'fig_group_fractions', 'report']
+           'per_seed', 'results_table', 'table_markdown', 'comparisons_table', 'comparisons_markdown', 'save_figure',
+           'fig_series', 'fig_eval_reward', 'fig_group_fractions', 'report']
 
 # %% ../nbs/41_report.ipynb #b96944dd
 @dataclass
@@ -176,7 +176,8 @@ def _fig(title: str, ylabel: str):
     ax.set(title=title, xlabel="training step", ylabel=ylabel); ax.grid(alpha=0.3)
     return fig, ax
 
-def _save(fig, out: Path, name: str) -> list[Path]:
+def save_figure(fig, out: Path, name: str) -> list[Path]:
+    "Write `fig` as out/name.png (130 dpi) and out/name.svg and close it."
     import matplotlib.pyplot as plt
     out.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
@@ -201,7 +202,7 @@ def fig_series(groups, key: str, title: str, ylabel: str, out: Path, name: str) 
     fig, ax = _fig(title, ylabel)
     if _bands(ax, groups, key): ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
     else: ax.text(0.5, 0.5, f"no {key} in these runs", ha="center", transform=ax.transAxes)
-    return _save(fig, out, name)
+    return save_figure(fig, out, name)
 
 def fig_eval_reward(groups, out: Path) -> list[Path]:
     "Held-out eval reward: all panel simulators, the seen ones and the unseen ones in three panels, mean ± 1σ over seeds."
@@ -215,7 +216,7 @@ def fig_eval_reward(groups, out: Path) -> list[Path]:
     axes[0].set_ylabel("reward")
     handles, labels = axes[0].get_legend_handles_labels()
     if handles: fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7)
-    return _save(fig, out, "eval_reward")
+    return save_figure(fig, out, "eval_reward")
 
 def fig_group_fractions(groups, out: Path) -> list[Path]:
     "Fractions of zero-variance, all-success and all-failure groups, one panel each (paper Fig. 19)."
@@ -230,7 +231,7 @@ def fig_group_fractions(groups, out: Path) -> list[Path]:
     axes[0].set_ylabel("fraction of groups")
     handles, labels = axes[0].get_legend_handles_labels()
     if handles: fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7)
-    return _save(fig, out, "group_fractions")
+    return save_figure(fig, out, "group_fractions")
 
 # %% ../nbs/41_report.ipynb #da0ade61
 def report(run_dirs, out_dir, echo=print, comparisons=None) -> dict:

@@ -97,8 +97,10 @@ def test_control_arms_and_panel_cells(tmp_path):
     for a in arms:
         rows = [json.loads(l) for l in (tmp_path / "collapse-lab" / "lab" / f"{a}-s0" / "metrics.jsonl").read_text().splitlines()]
         evals = [r for r in rows if "eval/unseen" in r]
-        assert len(evals) == 1 and all(f"eval/{c}" in evals[0] for c in ("seen_collapsed", "seen_uncollapsed", "unseen_collapsed", "unseen_uncollapsed"))
-        assert abs(evals[0]["eval/unseen"] - evals[0]["eval/unseen_uncollapsed"]) < 1e-12   # eval/unseen keeps its meaning
+        assert [r["step"] for r in evals] == [0, 6]   # at step 0 and at the end
+        for r in evals:
+            assert all(f"eval/{c}" in r for c in ("seen_collapsed", "seen_uncollapsed", "unseen_collapsed", "unseen_uncollapsed"))
+            assert abs(r["eval/unseen"] - r["eval/unseen_uncollapsed"]) < 1e-12   # eval/unseen keeps its meaning
 
 
 def test_experiment_resumes_an_interrupted_run(tmp_path):
@@ -136,6 +138,27 @@ def test_cli_experiment_show_writes_gpu_configs(tmp_path):
     assert 'mode = "pool"' in text and "lr = 1e-06" in text and "batch_tasks = 16" in text
     r = subprocess.run([str(Path(sys.executable).parent / "scope"), "experiment", "run", "table1-p4g", "--scale", "gpu"], capture_output=True, text=True)
     assert r.returncode == 2 and "launch/" in r.stderr
+
+
+@pytest.mark.slow
+def test_collapse_lab_five_seeds_with_controls(tmp_path):
+    "The acceptance run: every arm and control over 5 seeds through the CLI in under 15 minutes, verdicts from the CIs."
+    import time
+    t0 = time.perf_counter()
+    r = subprocess.run([str(Path(sys.executable).parent / "scope"), "experiment", "run", "collapse-lab", "--scale", "lab", "--seeds", "5",
+                        "--out", str(tmp_path)], capture_output=True, text=True)
+    secs = time.perf_counter() - t0
+    assert r.returncode == 0, r.stderr[-3000:]
+    print(f"collapse-lab, 5 seeds: {secs:.0f}s")
+    assert secs < 15 * 60
+    for cell in ("seen_collapsed", "seen_uncollapsed", "unseen_collapsed", "unseen_uncollapsed"): assert f"| {cell} | 5 |" in r.stdout
+    comp = {(c["method"], c["control"], c["stat"]): c for c in
+            json.loads((tmp_path / "collapse-lab" / "lab" / "report" / "comparisons.json").read_text()) if c["metric"] == "eval/unseen"}
+    for fix in ("RL + Ensemble (K=3)", "RL + VS", "RL + Persona-Guided", "Control: Co-Training from a collapsed user"):
+        assert comp[(fix, "RL (Single)", "final")]["verdict"] == "higher", fix
+    for fix in ("RL + Ensemble (K=3)", "Co-Training", "Population Co-Training (K=5)"):   # not separable from the uncollapsed control
+        c = comp[(fix, "Control: RL vs the frozen base user", "final")]
+        assert c["lo"] < 0 < c["hi"] and c["hi"] - c["lo"] < 0.05, (fix, c)
 
 
 @pytest.mark.slow
