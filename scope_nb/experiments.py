@@ -91,7 +91,7 @@ LAB_COMPARISONS = [
     ("population", "frozen-uncollapsed", "what the moving pool adds beyond starting uncollapsed"),
     ("population-from-collapsed", "rl-single", "a pool from a collapsed start vs frozen collapsed"),
 ]
-DEMO_ARMS = ("base", "rl-single", "ensemble", "vs", "co-training", "population")
+DEMO_ARMS = ("base", "rl-single", "ensemble", "vs", "co-training", "population", "frozen-uncollapsed")
 
 # %% ../nbs/40_experiments.ipynb #e7803eb9
 def cpu_llm_base(env: str, max_turns: int = 2) -> dict:

@@ -168,7 +168,8 @@ def measure_lab_simulators(specs, n: int = 2000, vs_n: int = 5, seed: int = 0) -
         sim = LabSimulator(fam, g, seed=seed, vs_recovery=rho)
         reqs = [Request([{"role": "system", "content": "listen school"}, {"role": "user", "content": ASK}], key=f"m/{i}", turn=1) for i in range(n)]
         for mode, sp in (("plain", sim), ("vs", Verbalized(sim, n=vs_n, seed=seed))):
-            counts = np.array([sum(r.content == c for r in sp.respond(reqs)) for c in CONCERNS], float)
+            said = [r.content for r in sp.respond(reqs)]
+            counts = np.array([said.count(c) for c in CONCERNS], float)
             p = counts / counts.sum()
             rows.append(dict(spec=spec, family=fam, gamma=g, rho=rho, mode=mode, tv_ref=float(0.5 * np.abs(p - FAMILIES[fam]).sum()),
                              eps=float(1 - p.max()), eps_true_ref=float(1 - FAMILIES[fam].max())))
