@@ -65,7 +65,26 @@ class VSParse:
     def ok(self) -> bool: return self.error is None and len(self.texts) > 0
 
 _FENCE = re.compile(r"```[a-zA-Z]*\s*(.*?)```", re.S)
-_TRAILING = re.compile(r",\s*([}\]])")
+
+def _strip_trailing_commas(s: str) -> str:
+    "Drop commas that directly precede a closing } or ] (outside string literals, so text like ',}' inside a reply survives)."
+    out, quote, esc, i = [], None, False, 0
+    while i < len(s):
+        c = s[i]
+        if quote:
+            out.append(c)
+            if esc: esc = False
+            elif c == "\\": esc = True
+            elif c == quote: quote = None
+        elif c in "\"'":
+            quote = c; out.append(c)
+        elif c == ",":
+            j = i + 1
+            while j < len(s) and s[j].isspace(): j += 1
+            if not (j < len(s) and s[j] in "}]"): out.append(c)
+        else: out.append(c)
+        i += 1
+    return "".join(out)
 
 def _as_prob(v) -> float | None:
     "A stated probability as a float, or None if it is not a finite number ('40%' reads as 0.4)."
@@ -79,7 +98,7 @@ def _as_prob(v) -> float | None:
 
 def _loads(s: str):
     "json, then json without trailing commas, then a Python literal; None if nothing parses."
-    cands = (s, _TRAILING.sub(r"\1", s))
+    cands = (s, _strip_trailing_commas(s))
     for cand in cands:  # JSON first (it joins surrogate-pair escapes that a Python literal would not)
         try: return json.loads(cand)
         except (json.JSONDecodeError, RecursionError): pass
@@ -111,6 +130,11 @@ def _find_json(text: str):
                 j = b.rfind(close, i, j)
     return None
 
+def _join_surrogates(t: str) -> str:
+    "Join UTF-16 surrogate pairs that a Python-literal parse leaves split ('\\ud800\\udc00' -> U+10000); lone ones stay."
+    try: return t.encode("utf-16", "surrogatepass").decode("utf-16")
+    except UnicodeDecodeError: return t
+
 def parse_vs(text, n: int = 5) -> VSParse:
     "Parse a VS answer into up to n candidates; never raises (failures are typed in `.error`)."
     try:
@@ -128,7 +152,7 @@ def parse_vs(text, n: int = 5) -> VSParse:
                 p = _as_prob(next((it[k] for k in ("probability", "prob", "p", "weight") if k in it), None))
             else: continue
             if t is None or not t.strip(): continue
-            texts.append(t.strip()); probs.append(p)
+            texts.append(_join_surrogates(t.strip())); probs.append(p)
         if not texts: return VSParse(error="no_valid_items", n_raw=len(items))
         return VSParse(texts[:n], probs[:n], None, len(items), len(texts) >= n and len(items) == n)
     except Exception as e:  # the contract is: never raise
