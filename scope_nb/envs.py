@@ -132,7 +132,7 @@ class AskEnv(Env):
 # %% ../nbs/10_envs.ipynb #e0ad7a4c
 ENVS = {"echo": EchoEnv, "ask": AskEnv, "p4g": "scope_nb.p4g:P4GEnv", "tau2-retail": "scope_nb.tau2:Tau2Retail",
         "tau2-airline": "scope_nb.tau2:Tau2Airline", "cooperbench": "scope_nb.cooperbench:CooperBenchEnv",
-        "lab": "scope_nb.lab:LabEnv"}
+        "lab": "scope_nb.lab:LabEnv", "shop": "scope_nb.shop:ShopEnv"}
 
 def env_class(name: str):
     "The class of environment `name` (benchmark environments are imported on first use)."

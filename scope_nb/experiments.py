@@ -10,12 +10,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from .config import Config, ConfigError, apply_overrides, from_dict, to_dict, to_toml, validate
 from .lab import SEEN_FAMILIES, UNSEEN_FAMILIES
+from .shop import SHOP_SEEN, SHOP_UNSEEN
 
 # %% auto #0
-__all__ = ['LAB_BASE', 'LAB_METHODS', 'LAB_COMPARISONS', 'DEMO_ARMS', 'CPU_LLM_METHODS', 'ROUTER', 'PAPER_PANEL', 'MAX_TURNS',
-           'COOP_ARMS', 'EXPERIMENTS', 'SCALES', 'Arm', 'Experiment', 'merge', 'lab_panel', 'cpu_llm_base', 'gpu_base',
-           'gpu_methods', 'get_experiment', 'experiment_dicts', 'experiment_configs', 'run_finished',
-           'method_comparisons', 'fig_sweep', 'run_experiment', 'write_configs']
+__all__ = ['LAB_BASE', 'LAB_METHODS', 'LAB_COMPARISONS', 'DEMO_ARMS', 'SHOP_BASE', 'SHOP_METHODS', 'SHOP_COMPARISONS',
+           'CPU_LLM_METHODS', 'ROUTER', 'PAPER_PANEL', 'MAX_TURNS', 'COOP_ARMS', 'EXPERIMENTS', 'SCALES', 'Arm',
+           'Experiment', 'merge', 'lab_panel', 'cpu_llm_base', 'shop_panel', 'gpu_base', 'gpu_methods',
+           'get_experiment', 'experiment_dicts', 'experiment_configs', 'run_finished', 'method_comparisons',
+           'fig_sweep', 'run_experiment', 'write_configs']
 
 # %% ../nbs/40_experiments.ipynb #4e8fd8ec
 @dataclass
@@ -37,6 +39,7 @@ class Experiment:
     notes: str = ""
     comparisons: list[tuple[str, str, str]] = field(default_factory=list)   # (arm, control arm, what the difference measures)
     sweep: dict = field(default_factory=dict)   # a dose-response figure: {"x": axis label, "values": {arm: x value}}
+    measure: str = ""   # "module:function(out, echo=, progress=)" run before the arms (e.g. measuring the simulators); its folder is reused
 
 def merge(base: dict, over: dict) -> dict:
     "Deep-merge nested dict `over` into a copy of `base` (lists and scalars replace)."
@@ -108,6 +111,31 @@ def cpu_llm_base(env: str, max_turns: int = 2) -> dict:
         "checkpoint": dict(every=10, keep=1),
     }
 
+def shop_panel() -> list[dict]:
+    "The shop game's panel: the three families RL (Single) and the ensemble train against (seen) and three held out (unseen)."
+    return [dict(name=f, model=f"shop:{f}", seen=f in SHOP_SEEN) for f in SHOP_SEEN + SHOP_UNSEEN]
+
+SHOP_BASE = {
+    "run": dict(steps=20),
+    "env": dict(name="shop", max_turns=2),
+    "agent": dict(model="smollm2", train=True, temperature=1.0, max_new_tokens=8),
+    "user": dict(model="shop:fashion-cold", max_new_tokens=8, concurrency=4),
+    "grpo": dict(lr=3e-5, batch_tasks=8, group_size=4, micro_batch=16, kl_coef=0.005),
+    "eval": dict(every=5, tasks=16, samples=1, agent_temperature=1.0, panel=shop_panel()),
+    "checkpoint": dict(every=20, keep=1),
+}
+SHOP_METHODS = [
+    Arm("base", "Base", {"run": dict(steps=0)}),
+    Arm("rl-single", "RL (Single)"),
+    Arm("ensemble", "RL + Ensemble (K=3)", {"user": dict(mode="rotation", rotation=[f"shop:{f}" for f in SHOP_SEEN])}),
+    Arm("vs", "RL + VS", {"user": dict(mode="vs", vs_n=5)}),
+    Arm("co-training", "Co-Training", {"user": dict(model="smollm2", train=True, reward="adversarial", temperature=0.7)}),
+]
+SHOP_COMPARISONS = [("ensemble", "rl-single", "the paper's comparison on real models: three families vs the most collapsed one"),
+                    ("vs", "rl-single", "the paper's comparison on real models: verbalizing the collapsed family"),
+                    ("co-training", "rl-single", "a co-trained SmolLM2 customer vs the frozen collapsed family"),
+                    ("rl-single", "base", "what training against the collapsed family does to the base agent")]
+
 CPU_LLM_METHODS = [
     Arm("rl-single", "RL (Single)"),
     Arm("ensemble", "RL + Ensemble (K=2)", {"user": dict(mode="rotation", rotation=["llama:smollm2", "llama:gemma3-270m"])}),
@@ -176,6 +204,11 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
                                    for r in (0, 0.25, 0.5, 0.75, 1)])},
                comparisons=[(f"vs-rho{r:g}", "vs-rho0", "recovery ρ vs none") for r in (0.25, 0.5, 0.75, 1)],
                sweep=dict(x="VS recovery ρ", values={f"vs-rho{r:g}": r for r in (0, 0.25, 0.5, 0.75, 1)})),
+    Experiment("llm-sims", 1, "Prop. 3.7 (measured)", "the shop game's real-LLM customer families: behaviour distributions, ε and TV to the pooled "
+               "population, plain, with personas and under Verbalized Sampling", {"cpu-llm": ({}, [])}, measure="scope_nb.shop:run_measurement"),
+    Experiment("llm-collapse", 1, "Table 1 (real models)", "a SmolLM2 agent trained against real-LLM customers of the shop game: RL (Single) on the most "
+               "collapsed family, Ensemble, VS, Co-Training; the simulators measured first", {"cpu-llm": (SHOP_BASE, SHOP_METHODS)},
+               comparisons=SHOP_COMPARISONS, measure="scope_nb.shop:run_measurement"),
     _table1("p4g", "Table 1, P4G column"), _table1("tau2-retail", "Table 1, τ² retail"), _table1("tau2-airline", "Table 1, τ² airline"),
     Experiment("table2-cooperbench", 1, "Table 2", "CooperBench cross-play, self-play and population self-play",
                {"cpu-llm": (_COOP_CPU, COOP_ARMS),
@@ -299,8 +332,14 @@ def run_experiment(name: str, scale: str = "lab", seeds=(0,), out: str = "runs/e
     from scope_nb.report import report
     cfgs = experiment_configs(name, scale, seeds, out, arms, steps, overrides)
     todo = [c for c in cfgs if not run_finished(c)]
+    res_measure, e, errors, t0 = None, get_experiment(name), {}, time.perf_counter()
+    if e.measure:   # e.g. the simulators measured before any training
+        import importlib
+        mod, fn = e.measure.split(":")
+        res_measure = getattr(importlib.import_module(mod), fn)(Path(out) / name / scale / "measure", echo=echo, progress=progress)
+    if not cfgs: return dict(measure=res_measure, table=[], figures=[], comparisons=[], errors={}, seconds=time.perf_counter() - t0,
+                             report_dir=str(Path(out) / name / scale / "measure"))
     echo(f"{name} [{scale}]: {len(cfgs)} runs ({len(cfgs) - len(todo)} already finished) in {Path(out) / name / scale}")
-    errors, t0 = {}, time.perf_counter()
     bar = tqdm(total=len(todo), desc=f"{name} [{scale}]", disable=not progress or not todo)
     if jobs > 1 and len(todo) > 1:
         from concurrent.futures import as_completed
@@ -318,7 +357,7 @@ def run_experiment(name: str, scale: str = "lab", seeds=(0,), out: str = "runs/e
     for d, e in errors.items(): echo(f"error: run {d} failed: {e}")
     res = report([c.run_dir for c in cfgs], Path(out) / name / scale / "report", echo=echo, comparisons=method_comparisons(name, scale))
     if get_experiment(name).sweep: res["figures"] += [str(p) for p in fig_sweep(res["table"], name, scale, Path(out) / name / scale / "report")]
-    res.update(errors=errors, seconds=time.perf_counter() - t0, report_dir=str(Path(out) / name / scale / "report"))
+    res.update(errors=errors, seconds=time.perf_counter() - t0, report_dir=str(Path(out) / name / scale / "report"), measure=res_measure)
     return res
 
 def write_configs(name: str, scale: str, out: str, seeds=(0,), settings: str = "paper") -> list[Path]:

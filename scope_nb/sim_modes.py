@@ -181,11 +181,11 @@ class PoolSpeaker(Speaker):
 
 # %% ../nbs/23_sim_modes.ipynb #9d89e99d
 class Servers:
-    "Local llama.cpp servers started on demand, one per model, shared; `close()` stops them all."
-    def __init__(self): self.servers = {}
+    "Local llama.cpp servers started on demand, one per model, shared; `close()` stops them all; `server_kw` go to each `LlamaServer`."
+    def __init__(self, **server_kw): self.servers, self.server_kw = {}, server_kw
     def get(self, model: str):
         from scope_nb.llama_server import LlamaServer
-        if model not in self.servers: self.servers[model] = LlamaServer(model).start()
+        if model not in self.servers: self.servers[model] = LlamaServer(model, **self.server_kw).start()
         return self.servers[model]
     def close(self):
         for s in self.servers.values(): s.stop()
@@ -196,7 +196,7 @@ class Servers:
 SCRIPTED_FNS = {"echo": echo_user}
 
 def build_speaker(spec: str, sec, env, name: str, seed: int, trainable: bool = False, servers: Servers | None = None) -> Speaker:
-    "A speaker from a model spec: llama:<model>, api:<model>, tiny, scripted:<name>, lab specs (14_lab), a packaged model name or a path."
+    "A speaker from a model spec: llama:<model>, api:<model>, tiny, scripted:<name>, lab specs (14_lab), shop:<family> (15_shop), a packaged model name or a path."
     sp = _build_speaker(spec, sec, env, name, seed, trainable, servers)
     if isinstance(sp, LocalPolicy): sp.episode_seeded = getattr(sec, "seeding", "batch") == "episode"
     return sp
@@ -207,6 +207,10 @@ def _build_speaker(spec: str, sec, env, name: str, seed: int, trainable: bool = 
     if spec == "lab-agent" or spec.startswith(("lab:", "lab-user:")):   # the collapse lab's speakers (14_lab)
         from scope_nb.lab import lab_speaker
         return lab_speaker(spec, name, seed, trainable, T, max_new, getattr(sec, "hidden", 32), getattr(sec, "layers", 1))
+    if spec.startswith("shop:"):   # a customer family of the shop game (15_shop), served by llama.cpp
+        from scope_nb.shop import shop_speaker
+        return shop_speaker(spec, name, seed, servers or Servers(), max_new, getattr(sec, "timeout", 60.0),
+                            getattr(sec, "max_retries", 4), getattr(sec, "concurrency", 8))
     if spec.startswith(("llama:", "api:")):
         kind, model = spec.split(":", 1)
         common = dict(timeout=getattr(sec, "timeout", 60.0), max_retries=getattr(sec, "max_retries", 4),
@@ -232,7 +236,7 @@ def build_user(sec, env, seed: int, agent: Speaker, servers: Servers, run_dir: P
     base = build_speaker(sec.model, sec, env, "user", seed, sec.train, servers)
     if sec.mode == "frozen": return base
     if sec.mode == "vs":
-        structured = sec.vs_structured if sec.vs_structured != "auto" else ("json_object_schema" if sec.model.startswith("llama:") else "json_schema")
+        structured = sec.vs_structured if sec.vs_structured != "auto" else ("json_object_schema" if sec.model.startswith(("llama:", "shop:")) else "json_schema")
         return Verbalized(base, sec.vs_n, sec.vs_method, sec.vs_attempts, structured, sec.vs_on_failure, seed=seed)
     if sec.mode == "persona": return PersonaGuided(base, load_personas(sec.personas), seed)
     if sec.mode == "pool":

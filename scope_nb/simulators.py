@@ -102,7 +102,10 @@ class ApiSpeaker(Speaker):
     async def _call(self, client, sem, messages, temperature, max_tokens=None, response_format=None, tools=None) -> CallResult:
         import openai
         res, t0 = CallResult(None), time.perf_counter()
-        kw = dict(model=self.cfg.model, messages=messages, temperature=temperature, max_tokens=max_tokens or self.cfg.max_tokens)
+        completion = isinstance(messages, str)   # a completion-style prompt (base models without a chat template): one line back
+        kw = dict(model=self.cfg.model, temperature=temperature, max_tokens=max_tokens or self.cfg.max_tokens)
+        if completion: kw.update(prompt=messages, stop=["\n"])
+        else: kw["messages"] = messages
         if response_format: kw["response_format"] = response_format
         if tools: kw["tools"] = tools
         if self.cfg.extra_body: kw["extra_body"] = self.cfg.extra_body
@@ -110,9 +113,9 @@ class ApiSpeaker(Speaker):
             res.attempts = attempt + 1
             wait, kind = None, None
             try:
-                async with sem: out = await client.chat.completions.create(**kw)
-                msg = out.choices[0].message if out.choices else None
-                text = msg.content if msg else None
+                async with sem: out = await (client.completions if completion else client.chat.completions).create(**kw)
+                msg = out.choices[0].message if out.choices and not completion else None
+                text = (out.choices[0].text if out.choices else None) if completion else (msg.content if msg else None)
                 calls = [ToolCall(c.id or f"call_{k}", c.function.name, c.function.arguments or "{}")
                          for k, c in enumerate(getattr(msg, "tool_calls", None) or []) if getattr(c, "function", None)]
                 if out.usage: res.prompt_tokens += out.usage.prompt_tokens or 0; res.completion_tokens += out.usage.completion_tokens or 0
@@ -150,7 +153,7 @@ class ApiSpeaker(Speaker):
         finally: await client.close()
 
     def complete(self, jobs) -> list[CallResult]:
-        "Sync entry point: run jobs of (messages, temperature, max_tokens, response_format, tools)."
+        "Sync entry point: run jobs of (messages, temperature, max_tokens, response_format, tools); a `str` in place of messages is a completion prompt."
         return run_coro(self._many(jobs))
 
     def respond(self, requests, temperature=None):

@@ -1,0 +1,76 @@
+"""The shop game with real LLMs on both sides: the packaged customer families answer through llama.cpp and are labelled,
+a 2-step smoke of the whole `llm-collapse` pipeline (measurement, training, evaluation, report), and (slow) the full run."""
+import json, subprocess, sys, time
+from pathlib import Path
+import numpy as np
+import pytest
+from scope_nb.shop import SHOP_FAMILIES, label_concern, measure_family, run_measurement, shop_speaker, CONCERNS
+from scope_nb.sim_modes import Servers
+
+SCOPE = str(Path(sys.executable).parent / "scope")
+
+
+def _rows(run: Path) -> list[dict]:
+    return [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines() if l.strip()]
+
+
+def test_families_answer_and_are_labelled():
+    "A SmolLM2 chat family and a Gemma base-model family (completion prompt) both name concerns the labeler reads."
+    with Servers() as servers:
+        for fam in ("student", "gemma-parent"):
+            sim = shop_speaker(f"shop:{fam}", fam, 0, servers)
+            m = measure_family(sim, "plain", n=12)
+            assert m["X"].shape == (12, 6) and m["failed"] == 0
+            decided = m["X"][:, :5].sum()
+            assert decided >= 4, (fam, m["examples"])          # most answers name a concern
+            assert all(isinstance(t, str) and t for t in m["examples"])
+            if SHOP_FAMILIES[fam].style == "completion": assert all(t.startswith("The") for t in m["examples"])
+
+
+def test_llm_collapse_two_step_smoke(tmp_path):
+    "Measurement (tiny n), then RL (Single), VS and Co-Training for 2 steps with evals, through the CLI; the report compares arms."
+    out = tmp_path / "exp"
+    t0 = time.perf_counter()
+    run_measurement(out / "llm-collapse" / "cpu-llm" / "measure", n=6, n_persona=4, vs_calls=1, families=("fashion-cold", "gemma-parent"), echo=lambda *a: None, progress=False)
+    small = ["--set", "grpo.batch_tasks=2", "--set", "grpo.group_size=2", "--set", "eval.tasks=1", "--set", "user.vs_attempts=1"]
+    r = subprocess.run([SCOPE, "experiment", "run", "llm-collapse", "--scale", "cpu-llm", "--seeds", "1", "--steps", "2",
+                        "--arms", "rl-single,vs,co-training", "--out", str(out), "--jobs", "3", *small],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    root = out / "llm-collapse" / "cpu-llm"
+    assert "reusing" in r.stdout and (root / "measure" / "measure.md").exists() and (root / "measure" / "shop_measure.png").exists()
+    for arm in ("rl-single", "vs", "co-training"):
+        rows = _rows(root / f"{arm}-s0")
+        assert [x["step"] for x in rows] == [0, 1, 2]
+        assert rows[1]["train/tokens"] > 0 and rows[2]["train/entropy"] > 0
+        for k in ("eval/seen", "eval/unseen", "eval/fashion-cold/reward", "eval/gemma-parent/reward"): assert rows[2].get(k) is not None, (arm, k)
+    ep = [json.loads(l) for l in (root / "vs-s0" / "trajectories" / "step_000001.jsonl").read_text().splitlines()]
+    assert all(e["conversation"]["turns"][0]["private"] for e in ep if e["status"] != "failed")
+    assert any("vs" in t for e in ep for t in e["info"].get("turns", []))      # the user really went through Verbalized Sampling
+    assert "sim/reward" in _rows(root / "co-training-s0")[1]                   # the co-trained customer has its own reward
+    assert (root / "report" / "comparisons.md").exists()
+    print(f"smoke: {time.perf_counter() - t0:.0f} s")
+
+
+@pytest.mark.slow
+def test_llm_collapse_full_run(tmp_path):
+    "All arms, 2 seeds, < 90 min: the base agent's groups have variance, RL (Single)'s training reward rises beyond its seed spread."
+    out = tmp_path / "exp"
+    t0 = time.perf_counter()
+    r = subprocess.run([SCOPE, "experiment", "run", "llm-collapse", "--scale", "cpu-llm", "--seeds", "2", "--out", str(out)],
+                       capture_output=True, text=True, timeout=100 * 60)
+    secs = time.perf_counter() - t0
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert secs < 90 * 60, secs
+    root = out / "llm-collapse" / "cpu-llm"
+    m = json.loads((root / "measure" / "measure.json").read_text())
+    assert m["seconds"] < 10 * 60, m["seconds"]
+    starts, ends, zv0 = [], [], []
+    for s in (0, 1):
+        rows = [x for x in _rows(root / f"rl-single-s{s}") if x["step"] > 0]
+        tr = np.array([x["train/reward"] for x in rows])
+        zv0.append(rows[0]["train/frac_reward_zero_std"])   # the base agent's groups (first training step)
+        starts.append(tr[:5].mean()); ends.append(tr[-5:].mean())
+    assert max(zv0) < 0.5, zv0
+    rises, spread = np.subtract(ends, starts), max(abs(starts[0] - starts[1]), abs(ends[0] - ends[1]))
+    assert rises.min() > spread, (starts, ends)   # each seed rises by more than the seeds differ at either end
