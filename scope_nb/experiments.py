@@ -120,7 +120,7 @@ SHOP_BASE = {
     "env": dict(name="shop", max_turns=2),
     "agent": dict(model="smollm2", train=True, temperature=1.0, max_new_tokens=8),
     "user": dict(model="shop:fashion-cold", max_new_tokens=8, concurrency=4),
-    "grpo": dict(lr=3e-5, batch_tasks=8, group_size=4, micro_batch=16, kl_coef=0.005),
+    "grpo": dict(lr=1e-4, batch_tasks=8, group_size=4, micro_batch=16, kl_coef=0.005),
     "eval": dict(every=5, tasks=16, samples=1, agent_temperature=1.0, panel=shop_panel()),
     "checkpoint": dict(every=20, keep=1),
 }

@@ -32,7 +32,8 @@ def test_llm_collapse_two_step_smoke(tmp_path):
     out = tmp_path / "exp"
     t0 = time.perf_counter()
     run_measurement(out / "llm-collapse" / "cpu-llm" / "measure", n=6, n_persona=4, vs_calls=1, families=("fashion-cold", "gemma-parent"), echo=lambda *a: None, progress=False)
-    small = ["--set", "grpo.batch_tasks=2", "--set", "grpo.group_size=2", "--set", "eval.tasks=1", "--set", "user.vs_attempts=1"]
+    small = ["--set", "grpo.batch_tasks=2", "--set", "grpo.group_size=2", "--set", "eval.tasks=1", "--set", "user.vs_attempts=1",
+             "--set", 'eval.panel=[{name="fashion-cold", model="shop:fashion-cold", seen=true}, {name="gemma-parent", model="shop:gemma-parent", seen=false}]']
     r = subprocess.run([SCOPE, "experiment", "run", "llm-collapse", "--scale", "cpu-llm", "--seeds", "1", "--steps", "2",
                         "--arms", "rl-single,vs,co-training", "--out", str(out), "--jobs", "3", *small],
                        capture_output=True, text=True, timeout=900)
@@ -44,6 +45,7 @@ def test_llm_collapse_two_step_smoke(tmp_path):
         assert [x["step"] for x in rows] == [0, 1, 2]
         assert rows[1]["train/tokens"] > 0 and rows[2]["train/entropy"] > 0
         for k in ("eval/seen", "eval/unseen", "eval/fashion-cold/reward", "eval/gemma-parent/reward"): assert rows[2].get(k) is not None, (arm, k)
+        assert "eval/student/reward" not in rows[2]   # the smoke's two-family panel (the registered one has six)
     ep = [json.loads(l) for l in (root / "vs-s0" / "trajectories" / "step_000001.jsonl").read_text().splitlines()]
     assert all(e["conversation"]["turns"][0]["private"] for e in ep if e["status"] != "failed")
     assert any("vs" in t for e in ep for t in e["info"].get("turns", []))      # the user really went through Verbalized Sampling
