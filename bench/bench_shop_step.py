@@ -19,9 +19,9 @@ def run_arm(arm: str, steps: int, out: str) -> dict:
     cfg = validate(from_dict(Config, d))
     train(cfg, progress=False)
     rows = [r for r in load_run(cfg.run_dir).rows if r["step"] > 1]
-    med = lambda k: statistics.median(r.get(k) or 0.0 for r in rows)
-    return dict(arm=arm, step=med("time/step") - med("time/eval") if rows and rows[0].get("time/eval") else med("time/step"),
-                rollout=med("time/rollout"), sim=med("time/sim_api"), train=med("time/train"), n=len(rows))
+    med = lambda f: statistics.median(f(r) for r in rows)
+    return dict(arm=arm, step=med(lambda r: r["time/step"] - (r.get("time/eval") or 0.0)),   # the last step also evaluates
+                rollout=med(lambda r: r["time/rollout"]), sim=med(lambda r: r["time/sim_api"]), train=med(lambda r: r["time/train"]), n=len(rows))
 
 
 def main():

@@ -332,10 +332,10 @@ def run_experiment(name: str, scale: str = "lab", seeds=(0,), out: str = "runs/e
     from scope_nb.report import report
     cfgs = experiment_configs(name, scale, seeds, out, arms, steps, overrides)
     todo = [c for c in cfgs if not run_finished(c)]
-    res_measure, e, errors, t0 = None, get_experiment(name), {}, time.perf_counter()
-    if e.measure:   # e.g. the simulators measured before any training
+    res_measure, exp, errors, t0 = None, get_experiment(name), {}, time.perf_counter()
+    if exp.measure:   # e.g. the simulators measured before any training
         import importlib
-        mod, fn = e.measure.split(":")
+        mod, fn = exp.measure.split(":")
         res_measure = getattr(importlib.import_module(mod), fn)(Path(out) / name / scale / "measure", echo=echo, progress=progress)
     if not cfgs: return dict(measure=res_measure, table=[], figures=[], comparisons=[], errors={}, seconds=time.perf_counter() - t0,
                              report_dir=str(Path(out) / name / scale / "measure"))
@@ -356,7 +356,7 @@ def run_experiment(name: str, scale: str = "lab", seeds=(0,), out: str = "runs/e
     bar.close()
     for d, e in errors.items(): echo(f"error: run {d} failed: {e}")
     res = report([c.run_dir for c in cfgs], Path(out) / name / scale / "report", echo=echo, comparisons=method_comparisons(name, scale))
-    if get_experiment(name).sweep: res["figures"] += [str(p) for p in fig_sweep(res["table"], name, scale, Path(out) / name / scale / "report")]
+    if exp.sweep: res["figures"] += [str(p) for p in fig_sweep(res["table"], name, scale, Path(out) / name / scale / "report")]
     res.update(errors=errors, seconds=time.perf_counter() - t0, report_dir=str(Path(out) / name / scale / "report"), measure=res_measure)
     return res
 

@@ -205,15 +205,12 @@ class ShopSimulator(Speaker):
         reqs = [Request(self.prompt(r.messages), None, r.tools, r.turn, r.key, r.group, r.sample) for r in requests]
         return self.api_speaker.propose(reqs, n, method, attempts, structured, extra, self.family.temperature)
 
-def shop_speaker(spec: str, name: str, seed: int, servers, max_tokens: int = 8, timeout: float = 60.0, max_retries: int = 4,
-                 concurrency: int = 8) -> ShopSimulator:
-    "A `ShopSimulator` for `shop:<family>`, its model served by `servers` (one llama.cpp server per model, `23_sim_modes.Servers`)."
-    from scope_nb.simulators import ApiConfig, ApiSpeaker
+def shop_speaker(spec: str, name: str, seed: int, servers, max_tokens: int = 8, **api_kw) -> ShopSimulator:
+    "A `ShopSimulator` for `shop:<family>`, its model served by `servers` (`23_sim_modes.Servers`); `api_kw`: timeout, max_retries, concurrency."
+    from scope_nb.simulators import ApiSpeaker
     fam_name, fam = shop_family(spec)
-    srv = servers.get(fam.model)
-    cfg = ApiConfig(model=srv.model_name, base_url=srv.base_url, api_key_env=None, timeout=timeout, max_retries=max_retries,
-                    concurrency=concurrency, max_tokens=max_tokens)
-    return ShopSimulator(fam, ApiSpeaker(cfg, name=name, temperature=fam.temperature, seed=seed), name=name if name != "user" else f"shop-{fam_name}")
+    api = ApiSpeaker(servers.api_config(fam.model, max_tokens=max_tokens, **api_kw), name=name, temperature=fam.temperature, seed=seed)
+    return ShopSimulator(fam, api, name=name if name != "user" else f"shop-{fam_name}")
 
 # %% ../nbs/15_shop.ipynb #f91e30ae
 OUTCOMES = CONCERNS + ("none",)
@@ -275,7 +272,7 @@ def measure_shop(families=tuple(SHOP_FAMILIES), modes=SHOP_MODES, n: int = 200, 
                  seed: int = 0, workers: int = 2, progress: bool = True) -> list[dict]:
     """Measure every family in every mode (persona and VS only for chat families); rows with `call_stats` against the pooled-population reference.
     `workers` threads each start their own llama.cpp servers (one CPU thread each), so two cores answer two calls at once;
-    the servers keep a prompt cache (`--cache`), which measured 0.34 s per intake call against 0.47 s without."""
+    the servers keep a prompt cache (`--cache`): every intake prompt of a family shares its opening."""
     import time
     from concurrent.futures import ThreadPoolExecutor
     from tqdm.auto import tqdm

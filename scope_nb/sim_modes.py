@@ -187,6 +187,10 @@ class Servers:
         from scope_nb.llama_server import LlamaServer
         if model not in self.servers: self.servers[model] = LlamaServer(model, **self.server_kw).start()
         return self.servers[model]
+    def api_config(self, model: str, **kw) -> ApiConfig:
+        "An `ApiConfig` for packaged `model` served here (no API key); `kw`: timeout, retries, concurrency, max_tokens."
+        srv = self.get(model)
+        return ApiConfig(model=srv.model_name, base_url=srv.base_url, api_key_env=None, **kw)
     def close(self):
         for s in self.servers.values(): s.stop()
         self.servers.clear()
@@ -209,15 +213,13 @@ def _build_speaker(spec: str, sec, env, name: str, seed: int, trainable: bool = 
         return lab_speaker(spec, name, seed, trainable, T, max_new, getattr(sec, "hidden", 32), getattr(sec, "layers", 1))
     if spec.startswith("shop:"):   # a customer family of the shop game (15_shop), served by llama.cpp
         from scope_nb.shop import shop_speaker
-        return shop_speaker(spec, name, seed, servers or Servers(), max_new, getattr(sec, "timeout", 60.0),
-                            getattr(sec, "max_retries", 4), getattr(sec, "concurrency", 8))
+        return shop_speaker(spec, name, seed, servers or Servers(), max_tokens=max_new, timeout=getattr(sec, "timeout", 60.0),
+                            max_retries=getattr(sec, "max_retries", 4), concurrency=getattr(sec, "concurrency", 8))
     if spec.startswith(("llama:", "api:")):
         kind, model = spec.split(":", 1)
         common = dict(timeout=getattr(sec, "timeout", 60.0), max_retries=getattr(sec, "max_retries", 4),
                       concurrency=getattr(sec, "concurrency", 8), max_tokens=max_new)
-        if kind == "llama":
-            srv = (servers or Servers()).get(model)
-            cfg = ApiConfig(model=srv.model_name, base_url=srv.base_url, api_key_env=None, **common)
+        if kind == "llama": cfg = (servers or Servers()).api_config(model, **common)
         else:
             cfg = ApiConfig(model=model, base_url=getattr(sec, "base_url", "") or None, api_key_env=getattr(sec, "api_key_env", "") or None, **common)
         return ApiSpeaker(cfg, name=name, temperature=T, seed=seed)
