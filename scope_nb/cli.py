@@ -151,7 +151,7 @@ def _experiment(args) -> None:
     if args.xcmd == "list":
         for e in EXPERIMENTS.values():
             print(f"{e.name}  (v{e.version}, {e.paper}): {e.what}")
-            for sc, (_, arms) in e.scales.items(): print(f"    {sc:<8} {', '.join(a.name for a in arms)}")
+            for sc, (_, arms) in e.scales.items(): print(f"    {sc:<8} {', '.join(a.name for a in arms) or '(no training runs)'}" + (f"; measures first: {e.measure}" if e.measure else ""))
             if e.notes: print(f"    note: {e.notes}")
     elif args.xcmd == "show":
         paths = write_configs(args.name, args.scale, args.out, range(args.seeds), args.settings)

@@ -13,7 +13,7 @@ from .lab import SEEN_FAMILIES, UNSEEN_FAMILIES
 from .shop import SHOP_SEEN, SHOP_UNSEEN
 
 # %% auto #0
-__all__ = ['LAB_BASE', 'LAB_METHODS', 'LAB_COMPARISONS', 'DEMO_ARMS', 'SHOP_BASE', 'SHOP_METHODS', 'SHOP_COMPARISONS',
+__all__ = ['LAB_BASE', 'LAB_METHODS', 'LAB_COMPARISONS', 'DEMO_ARMS', 'SHOP_TOP', 'SHOP_BASE', 'SHOP_METHODS', 'SHOP_COMPARISONS',
            'CPU_LLM_METHODS', 'ROUTER', 'PAPER_PANEL', 'MAX_TURNS', 'COOP_ARMS', 'EXPERIMENTS', 'SCALES', 'Arm',
            'Experiment', 'merge', 'lab_panel', 'cpu_llm_base', 'shop_panel', 'gpu_base', 'gpu_methods',
            'get_experiment', 'experiment_dicts', 'experiment_configs', 'run_finished', 'method_comparisons',
@@ -115,13 +115,14 @@ def shop_panel() -> list[dict]:
     "The shop game's panel: the three families RL (Single) and the ensemble train against (seen) and three held out (unseen)."
     return [dict(name=f, model=f"shop:{f}", seen=f in SHOP_SEEN) for f in SHOP_SEEN + SHOP_UNSEEN]
 
+SHOP_TOP = [f"model.layers.{i}." for i in range(20, 30)] + ["model.norm"]   # SmolLM2-135M's top 10 of 30 blocks
 SHOP_BASE = {
     "run": dict(steps=20),
     "env": dict(name="shop", max_turns=2),
     "agent": dict(model="smollm2", train=True, temperature=1.0, max_new_tokens=8),
     "user": dict(model="shop:fashion-cold", max_new_tokens=8, concurrency=4),
-    "grpo": dict(lr=1e-4, batch_tasks=8, group_size=4, micro_batch=16, kl_coef=0.005),
-    "eval": dict(every=5, tasks=16, samples=1, agent_temperature=1.0, panel=shop_panel()),
+    "grpo": dict(lr=2e-4, batch_tasks=8, group_size=4, micro_batch=16, kl_coef=0.0, train_only=SHOP_TOP),
+    "eval": dict(every=10, tasks=16, samples=1, agent_temperature=1.0, panel=shop_panel()),
     "checkpoint": dict(every=20, keep=1),
 }
 SHOP_METHODS = [

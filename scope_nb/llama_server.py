@@ -69,6 +69,18 @@ class LlamaServer:
         self.stop()
         raise TimeoutError(f"llama.cpp server did not answer within {timeout:.0f}s:\n{self._log_tail()}")
 
+    def died(self) -> str:
+        "'' while the server runs (or was never started); otherwise why it stopped, with the fix for an illegal-instruction crash."
+        import signal
+        rc = self.proc.poll() if self.proc else None
+        if rc is None: return ""
+        why = f"signal {signal.Signals(-rc).name}" if rc < 0 and -rc in signal.Signals._value2member_map_ else f"exit code {rc}"
+        msg = f"llama.cpp server for {self.model} stopped ({why})"
+        if rc == -signal.SIGILL:
+            msg += (": llama-cpp-python was compiled for instructions this CPU does not run (a -march=native build, e.g. AMX); "
+                    "reinstall it portably: pip uninstall -y llama-cpp-python && make venv")
+        return msg + f"; log {self.log_path}"
+
     def stop(self):
         "Terminate the server (kill after 10 s)."
         if self.proc and self.proc.poll() is None:

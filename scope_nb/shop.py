@@ -16,7 +16,7 @@ __all__ = ['CONCERNS', 'KEYWORDS', 'LABELLED_REPLIES', 'PRODUCTS', 'SHOP_GAP', '
            'SHOP_SEEN', 'SHOP_UNSEEN', 'OUTCOMES', 'SHOP_MODES', 'concern_positions', 'label_concern', 'agent_action',
            'product_of', 'concern_of', 'shop_outcome', 'ShopEnv', 'ShopFamily', 'shop_family', 'completion_prompt',
            'ShopSimulator', 'shop_speaker', 'call_stats', 'measure_family', 'measure_shop', 'measure_table',
-           'fig_shop_measure', 'run_measurement']
+           'fig_shop_measure', 'run_measurement', 'eval_moves', 'move_summary', 'move_table']
 
 # %% ../nbs/15_shop.ipynb #c81d14b7
 CONCERNS = ("price", "quality", "looks", "size", "speed")
@@ -251,7 +251,7 @@ def measure_family(sim: ShopSimulator, mode: str, n: int = 200, vs_calls: int = 
         reps = sp.respond(_intake_requests(n, mode))
         ok = [r for r in reps if not r.failed]
         return dict(X=np.array([_onehot(label_concern(r.content)) for r in ok]), failed=len(reps) - len(ok),
-                    examples=[r.content for r in ok[:6]])
+                    examples=[r.content for r in ok[:6]], error=next((r.error for r in reps if r.failed), None))
     method = mode.split("-", 1)[1]
     reqs = _intake_requests(vs_calls, mode)
     props, X, parsed, fallback = sim.propose(reqs, vs_n, method), [], 0, []
@@ -261,33 +261,44 @@ def measure_family(sim: ShopSimulator, mode: str, n: int = 200, vs_calls: int = 
             _, w, _ = vs_draw(pa, method, episode_rng(seed, r.key, 0))
             X.append(sum(_onehot(label_concern(t), float(wk)) for t, wk in zip(pa.texts, w) if wk > 0)); parsed += 1
         else: fallback.append(r)
-    for rep in sim.respond(fallback): X.append(_onehot(label_concern(rep.content)))
+    reps = sim.respond(fallback)
+    X += [_onehot(label_concern(rep.content)) for rep in reps if not rep.failed]
     ex = next((pr["parse"].texts for pr in props if pr["parse"].ok), [])
-    return dict(X=np.array(X), failed=0, parsed=parsed, calls=len(reqs), examples=ex[:6])
+    return dict(X=np.array(X), failed=sum(r.failed for r in reps), parsed=parsed, calls=len(reqs), examples=ex[:6],
+                error=next((r.error for r in reps if r.failed), None))
 
 # %% ../nbs/15_shop.ipynb #2eeaa823
 SHOP_MODES = ("plain", "persona", "vs-prob", "vs-random")
 
-def measure_shop(families=tuple(SHOP_FAMILIES), modes=SHOP_MODES, n: int = 200, n_persona: int = 100, vs_calls: int = 10, vs_n: int = 5,
+def measure_shop(families=tuple(SHOP_FAMILIES), modes=SHOP_MODES, n: int = 200, n_persona: int = 60, vs_calls: int = 8, vs_n: int = 5,
                  seed: int = 0, workers: int = 2, progress: bool = True) -> list[dict]:
     """Measure every family in every mode (persona and VS only for chat families); rows with `call_stats` against the pooled-population reference.
     `workers` threads each start their own llama.cpp servers (one CPU thread each), so two cores answer two calls at once;
-    the servers keep a prompt cache (`--cache`): every intake prompt of a family shares its opening."""
-    import time
+    they take jobs from one queue, costliest first, so they finish together; the servers keep a prompt cache (`--cache`):
+    every intake prompt of a family shares its opening."""
+    import queue, time
     from concurrent.futures import ThreadPoolExecutor
     from tqdm.auto import tqdm
     from scope_nb.sim_modes import Servers
     jobs = [(f, m) for f in families for m in modes if m == "plain" or SHOP_FAMILIES[f].style == "chat"]
+    cost = lambda j: (n if j[1] == "plain" else n_persona * 2 if j[1] == "persona" else vs_calls * 10)   # plain calls' worth
+    todo = queue.Queue()
+    for j in sorted(jobs, key=cost, reverse=True): todo.put(j)
     raw, bar = {}, tqdm(total=len(jobs), desc="measuring shop customers", disable=not progress)
-    def work(part):
+    def work(_):
         with Servers(extra_args=("--cache", "True"), n_ctx=2048) as servers:
-            for f, m in part:
+            while True:
+                try: f, m = todo.get_nowait()
+                except queue.Empty: return
                 t0 = time.perf_counter()
                 raw[(f, m)] = measure_family(shop_speaker(f"shop:{f}", f"shop-{f}", seed, servers), m, n if m == "plain" else n_persona,
                                            vs_calls, vs_n, seed)
                 raw[(f, m)]["seconds"] = time.perf_counter() - t0
+                if not len(raw[(f, m)]["X"]):   # every call failed: say why rather than report an empty distribution
+                    dead = "; ".join(filter(None, (s.died() for s in servers.servers.values())))
+                    raise RuntimeError(f"measuring {f} ({m}): every call failed ({raw[(f, m)].get('error')})" + (f"; {dead}" if dead else ""))
                 bar.update(1)
-    with ThreadPoolExecutor(workers) as ex: list(ex.map(work, [jobs[k::workers] for k in range(workers)]))
+    with ThreadPoolExecutor(workers) as ex: list(ex.map(work, range(workers)))
     bar.close()
     plain = [call_stats(raw[(f, "plain")]["X"], B=10)["dist"] for f in families if (f, "plain") in raw]
     ref = np.mean([[dd[c] for c in CONCERNS] for dd in plain], 0) if plain else None
@@ -339,7 +350,7 @@ def fig_shop_measure(rows: list[dict], out=None):
     from scope_nb.report import save_figure
     return save_figure(fig, out, "shop_measure")
 
-def run_measurement(out, n: int = 200, n_persona: int = 100, vs_calls: int = 10, families=tuple(SHOP_FAMILIES), echo=print,
+def run_measurement(out, n: int = 200, n_persona: int = 60, vs_calls: int = 8, families=tuple(SHOP_FAMILIES), echo=print,
                     progress: bool = True) -> dict:
     "Measure every shop family (or reuse `out/measure.json`), write the table and the figure; returns {rows, seconds, files}."
     import json, time
@@ -358,3 +369,51 @@ def run_measurement(out, n: int = 200, n_persona: int = 100, vs_calls: int = 10,
     echo(f"simulator measurement ({res['seconds']:.0f} s): {out / 'measure.md'}")
     echo(measure_table(res["rows"]))
     return dict(res, files=[str(f), str(out / "measure.md"), *map(str, figs)])
+
+# %% ../nbs/15_shop.ipynb #29adf978
+def eval_moves(run_dir, step: int | None = None) -> list[dict]:
+    "One record per evaluation episode of a shop run (its last evaluation unless `step`): family, first move, outcome, reward."
+    import json
+    from pathlib import Path
+    from .core import Episode
+    steps = sorted(Path(run_dir, "eval").glob("step_*"))
+    if step is not None: steps = [s for s in steps if int(s.name.split("_")[1]) == step]
+    if not steps: raise FileNotFoundError(f"{run_dir}: no evaluation{'' if step is None else f' at step {step}'} (eval/step_*/)")
+    out = []
+    for f in sorted(steps[-1].glob("*.jsonl")):
+        for line in f.read_text().splitlines():
+            if not line.strip(): continue
+            ep = Episode.from_dict(json.loads(line))
+            if ep.status == "failed": continue
+            said = [t.message.content for t in ep.conversation.turns if t.speaker == "agent" and t.message.role == "assistant"]
+            out.append(dict(family=f.stem, move=agent_action(said[0]) if said else "none", outcome=shop_outcome(ep.conversation),
+                            reward=ep.rewards.get("agent")))
+    return out
+
+def move_summary(records: list[dict], seen=SHOP_SEEN) -> dict:
+    "Share of first moves (exploit / of which 'speed' / ask / off-topic) and mean reward of exploit and ask moves, seen vs unseen."
+    out = {}
+    for group, fams in (("seen", lambda f: f in seen), ("unseen", lambda f: f not in seen)):
+        rs = [r for r in records if fams(r["family"])]
+        ex, ask = [r for r in rs if r["move"] in CONCERNS], [r for r in rs if r["move"] == "ask"]
+        mean = lambda xs: float(np.mean([r["reward"] for r in xs])) if xs else None
+        out[group] = dict(n=len(rs), exploit=len(ex) / max(len(rs), 1), speed=sum(r["move"] == "speed" for r in rs) / max(len(rs), 1),
+                          ask=len(ask) / max(len(rs), 1), off_topic=sum(r["move"] == "off-topic" for r in rs) / max(len(rs), 1),
+                          exploit_payoff=mean(ex), ask_payoff=mean(ask), reward=mean(rs))
+    return out
+
+# %% ../nbs/15_shop.ipynb #36ac6fc0
+def move_table(exp_dir, arms: list[str]) -> str:
+    "Markdown: per arm (the last evaluation of every seed `<arm>-s*` in `exp_dir`, pooled), first-move shares and realised payoffs."
+    from pathlib import Path
+    f = lambda x: "—" if x is None else f"{x:.2f}"
+    rows = ["| arm | group | episodes | exploit (speed) | ask | off-topic | exploit payoff | ask payoff | reward |", "|---|---|---|---|---|---|---|---|---|"]
+    for arm in arms:
+        runs = sorted(Path(exp_dir).glob(f"{arm}-s*"))
+        if not runs: raise FileNotFoundError(f"{exp_dir}: no runs of arm {arm!r} ({arm}-s0, ...)")
+        s = move_summary([r for run in runs for r in eval_moves(run)])
+        for g in ("seen", "unseen"):
+            x = s[g]
+            rows.append(f"| {arm} | {g} | {x['n']} | {x['exploit']:.2f} ({x['speed']:.2f}) | {x['ask']:.2f} | {x['off_topic']:.2f} | "
+                        f"{f(x['exploit_payoff'])} | {f(x['ask_payoff'])} | {f(x['reward'])} |")
+    return "\n".join(rows)
