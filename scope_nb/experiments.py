@@ -282,6 +282,10 @@ def run_finished(cfg: Config) -> bool:
     if not rows or rows[-1].get("step") != cfg.run.steps: return False
     return cfg.run.steps == 0 or (latest_checkpoint(cfg.run_dir) or (None,))[0] == cfg.run.steps
 
+def _llama_threads(n: str):
+    "Pool worker start-up: its llama.cpp servers take `n` threads unless the user set SCOPE_LLAMA_THREADS."
+    os.environ.setdefault("SCOPE_LLAMA_THREADS", n)
+
 def _run_one(d: dict) -> tuple[str, float, str | None]:
     "Worker: train one config dict (resuming if its folder holds a started run); returns (run dir, seconds, error)."
     import torch
@@ -344,7 +348,9 @@ def run_experiment(name: str, scale: str = "lab", seeds=(0,), out: str = "runs/e
     bar = tqdm(total=len(todo), desc=f"{name} [{scale}]", disable=not progress or not todo)
     if jobs > 1 and len(todo) > 1:
         from concurrent.futures import as_completed
-        with ProcessPoolExecutor(min(jobs, len(todo)), mp_context=mp.get_context("spawn")) as ex:
+        threads = str(max(1, (os.cpu_count() or 2) // jobs))   # the runs' llama.cpp servers share the cores (21_llama_server)
+        with ProcessPoolExecutor(min(jobs, len(todo)), mp_context=mp.get_context("spawn"), initializer=_llama_threads,
+                                 initargs=(threads,)) as ex:
             for f in as_completed([ex.submit(_run_one, to_dict(c)) for c in todo]):
                 run_dir, secs, err = f.result()
                 if err: errors[run_dir] = err

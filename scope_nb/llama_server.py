@@ -49,7 +49,7 @@ class LlamaServer:
             raise RuntimeError("llama-cpp-python is not installed; install the `local` extra: pip install 'scope_nb[local]' "
                                "(or `make venv`, which installs it)")
         self.port = self.port or free_port()
-        threads = self.n_threads or max(1, (os.cpu_count() or 2))
+        threads = self.n_threads or int(os.environ.get("SCOPE_LLAMA_THREADS") or 0) or max(1, (os.cpu_count() or 2))
         cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(self.gguf), "--model_alias", self.model_name,
                "--host", "127.0.0.1", "--port", str(self.port), "--n_ctx", str(self.n_ctx), "--n_threads", str(threads),
                "--interrupt_requests", "False",   # by default a waiting request cuts a running stream short with [DONE]

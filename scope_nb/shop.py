@@ -221,19 +221,23 @@ def _onehot(label: str, w: float = 1.0) -> np.ndarray:
 def call_stats(X: np.ndarray, ref: np.ndarray | None = None, B: int = 2000, seed: int = 0) -> dict:
     "Statistics of per-call outcome weights `X` (calls × 6, rows sum to 1): none share, decided distribution, entropy, ε and TV with bootstrap CIs."
     X = np.asarray(X, float)
-    def stats(Y):
-        p = Y.mean(0); dec = p[:5] / p[:5].sum() if p[:5].sum() > 0 else np.full(5, 0.2)
+    def stats(Y):   # no decided answer at all: the distribution, ε and TV are undefined (NaN), not uniform
+        p = Y.mean(0); dec = p[:5] / p[:5].sum() if p[:5].sum() > 0 else np.full(5, np.nan)
         return p, dec, 1 - dec.max(), (0.5 * np.abs(dec - ref).sum() if ref is not None else np.nan)
     p, dec, eps, tv = stats(X)
+    nan = lambda x: None if x is None or np.isnan(x) else float(x)
     rng = np.random.default_rng(seed)
     boots = np.array([stats(X[rng.integers(len(X), size=len(X))])[2:] for _ in range(B)])
-    bc = lambda est, col: (float(np.clip(2 * est - boots[:, col].mean(), 0, 1)),
-                           tuple(float(np.clip(2 * est - q, 0, 1)) for q in np.quantile(boots[:, col], [0.975, 0.025])))
+    def bc(est, col):   # bias-corrected estimate and basic interval; resamples without a decided answer say nothing
+        b = boots[:, col][~np.isnan(boots[:, col])]
+        if np.isnan(est) or not len(b): return None, (None, None)
+        return float(np.clip(2 * est - b.mean(), 0, 1)), tuple(float(np.clip(2 * est - q, 0, 1)) for q in np.quantile(b, [0.975, 0.025]))
     (eps_bc, eps_ci), (tv_bc, tv_ci) = bc(eps, 0), (bc(tv, 1) if ref is not None else (None, (None, None)))
     nz = dec[dec > 0]
-    return dict(n_calls=len(X), none=float(p[5]), dist={c: round(float(x), 4) for c, x in zip(CONCERNS, dec)},
-                modal=CONCERNS[int(np.argmax(dec))], modal_share=float(dec.max()), eps=float(eps), eps_bc=eps_bc, eps_lo=eps_ci[0], eps_hi=eps_ci[1],
-                entropy_bits=float(-(nz * np.log2(nz)).sum()), tv_ref=None if ref is None else float(tv), tv_bc=tv_bc, tv_lo=tv_ci[0], tv_hi=tv_ci[1])
+    return dict(n_calls=len(X), none=float(p[5]), dist={c: nan(round(float(x), 4)) for c, x in zip(CONCERNS, dec)},
+                modal=None if np.isnan(eps) else CONCERNS[int(np.argmax(dec))], modal_share=nan(dec.max()), eps=nan(eps), eps_bc=eps_bc,
+                eps_lo=eps_ci[0], eps_hi=eps_ci[1], entropy_bits=None if np.isnan(eps) else float(-(nz * np.log2(nz)).sum()),
+                tv_ref=None if ref is None else nan(tv), tv_bc=tv_bc, tv_lo=tv_ci[0], tv_hi=tv_ci[1])
 
 # %% ../nbs/15_shop.ipynb #66e68bb7
 def _intake_requests(n: int, tag: str) -> list[Request]:
@@ -273,10 +277,10 @@ SHOP_MODES = ("plain", "persona", "vs-prob", "vs-random")
 def measure_shop(families=tuple(SHOP_FAMILIES), modes=SHOP_MODES, n: int = 200, n_persona: int = 60, vs_calls: int = 8, vs_n: int = 5,
                  seed: int = 0, workers: int = 2, progress: bool = True) -> list[dict]:
     """Measure every family in every mode (persona and VS only for chat families); rows with `call_stats` against the pooled-population reference.
-    `workers` threads each start their own llama.cpp servers (one CPU thread each), so two cores answer two calls at once;
+    `workers` threads each start their own llama.cpp servers (cores / workers CPU threads each), so two cores answer two calls at once;
     they take jobs from one queue, costliest first, so they finish together; the servers keep a prompt cache (`--cache`):
     every intake prompt of a family shares its opening."""
-    import queue, time
+    import os, queue, time
     from concurrent.futures import ThreadPoolExecutor
     from tqdm.auto import tqdm
     from scope_nb.sim_modes import Servers
@@ -285,8 +289,9 @@ def measure_shop(families=tuple(SHOP_FAMILIES), modes=SHOP_MODES, n: int = 200, 
     todo = queue.Queue()
     for j in sorted(jobs, key=cost, reverse=True): todo.put(j)
     raw, bar = {}, tqdm(total=len(jobs), desc="measuring shop customers", disable=not progress)
+    threads = max(1, (os.cpu_count() or 2) // workers)   # llama.cpp threads that outnumber the cores spin and slow every server
     def work(_):
-        with Servers(extra_args=("--cache", "True"), n_ctx=2048) as servers:
+        with Servers(extra_args=("--cache", "True"), n_ctx=2048, n_threads=threads) as servers:
             while True:
                 try: f, m = todo.get_nowait()
                 except queue.Empty: return
@@ -301,6 +306,7 @@ def measure_shop(families=tuple(SHOP_FAMILIES), modes=SHOP_MODES, n: int = 200, 
     with ThreadPoolExecutor(workers) as ex: list(ex.map(work, range(workers)))
     bar.close()
     plain = [call_stats(raw[(f, "plain")]["X"], B=10)["dist"] for f in families if (f, "plain") in raw]
+    plain = [d for d in plain if None not in d.values()]   # a family that never named a concern has no distribution to pool
     ref = np.mean([[dd[c] for c in CONCERNS] for dd in plain], 0) if plain else None
     rows = []
     for f, m in jobs:
@@ -319,10 +325,10 @@ def measure_table(rows: list[dict]) -> str:
     out = [head]
     for r in rows:
         vs = f"{r['vs_parsed']}/{r['vs_calls']}" if r.get("vs_calls") else ""
-        tv = f"{r['tv_bc']:.2f} [{r['tv_lo']:.2f}, {r['tv_hi']:.2f}]" if r.get("tv_bc") is not None else ""
+        f2 = lambda x: "—" if x is None else f"{x:.2f}"   # — : no decided answer, so undefined
+        ci = lambda k: f"{f2(r[k + '_bc'])} [{f2(r[k + '_lo'])}, {f2(r[k + '_hi'])}]" if r.get(k + "_bc") is not None else "—"
         out.append(f"| {r['family']}{' (seen)' if r['seen'] else ''} | {r['model']}, {r['temperature']:g} | {r['mode']} | {r['none']:.2f} | "
-                   + " | ".join(f"{r['dist'][c]:.2f}" for c in CONCERNS)
-                   + f" | {r['entropy_bits']:.2f} | {r['eps_bc']:.2f} [{r['eps_lo']:.2f}, {r['eps_hi']:.2f}] | {tv} | {vs} |")
+                   + " | ".join(f2(r["dist"][c]) for c in CONCERNS) + f" | {f2(r['entropy_bits'])} | {ci('eps')} | {ci('tv')} | {vs} |")
     return "\n".join(out)
 
 def fig_shop_measure(rows: list[dict], out=None):
@@ -336,7 +342,7 @@ def fig_shop_measure(rows: list[dict], out=None):
     for ax, f in zip(axes[0], fams):
         bottom = np.zeros(len(modes))
         for k, c in enumerate(CONCERNS):
-            v = np.array([next((r["dist"][c] for r in rows if r["family"] == f and r["mode"] == m), 0.0) for m in modes])
+            v = np.array([next((r["dist"][c] or 0.0 for r in rows if r["family"] == f and r["mode"] == m), 0.0) for m in modes])
             ax.bar(range(len(modes)), v, bottom=bottom, color=f"C{k}", label=c if f == fams[0] else None); bottom += v
         for x, m in enumerate(modes):
             r = next((r for r in rows if r["family"] == f and r["mode"] == m), None)
@@ -375,7 +381,7 @@ def eval_moves(run_dir, step: int | None = None) -> list[dict]:
     "One record per evaluation episode of a shop run (its last evaluation unless `step`): family, first move, outcome, reward."
     import json
     from pathlib import Path
-    from .core import Episode
+    from scope_nb.core import Episode
     steps = sorted(Path(run_dir, "eval").glob("step_*"))
     if step is not None: steps = [s for s in steps if int(s.name.split("_")[1]) == step]
     if not steps: raise FileNotFoundError(f"{run_dir}: no evaluation{'' if step is None else f' at step {step}'} (eval/step_*/)")
