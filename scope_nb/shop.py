@@ -379,17 +379,14 @@ def run_measurement(out, n: int = 200, n_persona: int = 60, vs_calls: int = 8, f
 # %% ../nbs/15_shop.ipynb #29adf978
 def eval_moves(run_dir, step: int | None = None) -> list[dict]:
     "One record per evaluation episode of a shop run (its last evaluation unless `step`): family, first move, outcome, reward."
-    import json
     from pathlib import Path
-    from scope_nb.core import Episode
+    from scope_nb.core import read_jsonl
     steps = sorted(Path(run_dir, "eval").glob("step_*"))
     if step is not None: steps = [s for s in steps if int(s.name.split("_")[1]) == step]
     if not steps: raise FileNotFoundError(f"{run_dir}: no evaluation{'' if step is None else f' at step {step}'} (eval/step_*/)")
     out = []
     for f in sorted(steps[-1].glob("*.jsonl")):
-        for line in f.read_text().splitlines():
-            if not line.strip(): continue
-            ep = Episode.from_dict(json.loads(line))
+        for ep in read_jsonl(f):   # errors name file:line
             if ep.status == "failed": continue
             said = [t.message.content for t in ep.conversation.turns if t.speaker == "agent" and t.message.role == "assistant"]
             out.append(dict(family=f.stem, move=agent_action(said[0]) if said else "none", outcome=shop_outcome(ep.conversation),
