@@ -58,6 +58,7 @@ class SpeakerSection:
     vs_attempts: int = 3
     vs_structured: str = "auto"      # auto | json_schema | json_object_schema | json_object | none
     vs_on_failure: str = "plain"     # plain | fail
+    vs_share: bool = False           # one proposal per distinct conversation in a batch, drawn per episode (departs from the paper: 20_simulators)
     pool_size: int = 5
     pool_every: int = 4
     pool_sampling: str = "uniform"   # uniform | latest

@@ -129,7 +129,8 @@ SHOP_METHODS = [
     Arm("base", "Base", {"run": dict(steps=0)}),
     Arm("rl-single", "RL (Single)"),
     Arm("ensemble", "RL + Ensemble (K=3)", {"user": dict(mode="rotation", rotation=[f"shop:{f}" for f in SHOP_SEEN])}),
-    Arm("vs", "RL + VS", {"user": dict(mode="vs", vs_n=5)}),
+    # one VS proposal per task, drawn per episode (user.vs_share: 20_simulators): the customer speaks once, so G calls become 1
+    Arm("vs", "RL + VS", {"user": dict(mode="vs", vs_n=5, vs_share=True)}),
     Arm("co-training", "Co-Training", {"user": dict(model="smollm2", train=True, reward="adversarial", temperature=0.7)}),
 ]
 SHOP_COMPARISONS = [("ensemble", "rl-single", "the paper's comparison on real models: three families vs the most collapsed one"),

@@ -179,6 +179,8 @@ class ShopSimulator(Speaker):
     def __init__(self, family: ShopFamily, api, name: str = "shop"):
         self.family, self.api_speaker, self.name = family, api, name
 
+    def reseed(self, seed: int): self.api_speaker.reseed(seed)   # server-side seeds per (run seed, episode, turn)
+
     def prompt(self, messages: list[dict]):
         "Chat messages with the persona opening the system prompt, or a completion prompt for base-model families."
         f = self.family
@@ -189,7 +191,8 @@ class ShopSimulator(Speaker):
         return msgs
 
     def respond(self, requests, temperature=None):
-        res = self.api_speaker.complete([(self.prompt(r.messages), self.family.temperature, None, None, None) for r in requests])
+        api = self.api_speaker
+        res = api.complete([(self.prompt(r.messages), self.family.temperature, None, None, None, api.seed_for(r)) for r in requests])
         pre = "The" if self.family.style == "completion" else ""
         out = []
         for r, c in zip(requests, res):

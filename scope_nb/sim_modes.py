@@ -239,7 +239,7 @@ def build_user(sec, env, seed: int, agent: Speaker, servers: Servers, run_dir: P
     if sec.mode == "frozen": return base
     if sec.mode == "vs":
         structured = sec.vs_structured if sec.vs_structured != "auto" else ("json_object_schema" if sec.model.startswith(("llama:", "shop:")) else "json_schema")
-        return Verbalized(base, sec.vs_n, sec.vs_method, sec.vs_attempts, structured, sec.vs_on_failure, seed=seed)
+        return Verbalized(base, sec.vs_n, sec.vs_method, sec.vs_attempts, structured, sec.vs_on_failure, seed=seed, share=sec.vs_share)
     if sec.mode == "persona": return PersonaGuided(base, load_personas(sec.personas), seed)
     if sec.mode == "pool":
         pool = CheckpointPool(Path(run_dir) / "pool", sec.pool_size)

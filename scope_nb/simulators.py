@@ -4,7 +4,7 @@
 
 # %% ../nbs/20_simulators.ipynb #ca3f63ff
 from __future__ import annotations
-import asyncio, email.utils, os, random, time, zlib
+import asyncio, email.utils, json, os, random, time, zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,7 +14,8 @@ from .training import Reply, Request, Speaker, parse_tool_calls
 from .verbalized import parse_vs, vs_draw, vs_instructions, vs_response_format, VSParse
 
 # %% auto #0
-__all__ = ['run_coro', 'retry_after_seconds', 'ApiConfig', 'CallResult', 'ApiSpeaker', 'episode_rng', 'Verbalized']
+__all__ = ['run_coro', 'retry_after_seconds', 'ApiConfig', 'request_seed', 'CallResult', 'ApiSpeaker', 'episode_rng',
+           'Verbalized']
 
 # %% ../nbs/20_simulators.ipynb #1137cfa1
 def run_coro(coro):
@@ -54,6 +55,11 @@ class ApiConfig:
     concurrency: int = 8
     max_tokens: int = 256
     extra_body: dict[str, Any] = field(default_factory=dict)
+    send_seed: bool = True    # a per-request `seed` (llama.cpp, vLLM, SGLang, OpenAI accept it); False for endpoints that refuse it
+
+def request_seed(seed: int, key: str, turn: int, salt: int = 0) -> int:
+    "A server-side sampling seed for one request that depends only on (run seed, episode key, turn, salt), in [0, 2**31)."
+    return zlib.crc32(f"{seed}|{key}|{turn}|{salt}".encode()) & 0x7FFFFFFF
 
 @dataclass
 class CallResult:
@@ -77,10 +83,16 @@ class ApiSpeaker(Speaker):
     concurrent, api = True, True
 
     def __init__(self, cfg: ApiConfig, name: str | None = None, temperature: float = 0.7, seed: int = 0):
-        self.cfg, self.name, self.temperature = cfg, name or cfg.model, temperature
+        self.cfg, self.name, self.temperature, self.seed = cfg, name or cfg.model, temperature, seed
         self.stats = dict(calls=0, attempts=0, retries=0, failures=0, prompt_tokens=0, completion_tokens=0, latency=0.0, errors={})
         self._jitter = random.Random(seed)
         self._key()  # fail early if the named variable is missing
+
+    def reseed(self, seed: int): self.seed = seed
+
+    def seed_for(self, req: Request, salt: int = 0) -> int | None:
+        "The server-side seed of `req`: without one, a fresh llama.cpp server draws its k-th answer alike in every run."
+        return request_seed(self.seed, req.key, req.turn, salt) if self.cfg.send_seed else None
 
     def _key(self) -> str:
         env = self.cfg.api_key_env
@@ -99,7 +111,7 @@ class ApiSpeaker(Speaker):
         from openai import AsyncOpenAI
         return AsyncOpenAI(base_url=self.cfg.base_url, api_key=self._key(), timeout=self.cfg.timeout, max_retries=0)
 
-    async def _call(self, client, sem, messages, temperature, max_tokens=None, response_format=None, tools=None) -> CallResult:
+    async def _call(self, client, sem, messages, temperature, max_tokens=None, response_format=None, tools=None, seed=None) -> CallResult:
         import openai
         res, t0 = CallResult(None), time.perf_counter()
         completion = isinstance(messages, str)   # a completion-style prompt (base models without a chat template): one line back
@@ -112,6 +124,7 @@ class ApiSpeaker(Speaker):
         for attempt in range(self.cfg.max_retries + 1):
             res.attempts = attempt + 1
             wait, kind = None, None
+            if seed is not None: kw["seed"] = (seed + attempt) & 0x7FFFFFFF   # a retry after an empty answer samples anew
             try:
                 async with sem: out = await (client.completions if completion else client.chat.completions).create(**kw)
                 msg = out.choices[0].message if out.choices and not completion else None
@@ -147,18 +160,18 @@ class ApiSpeaker(Speaker):
         return res
 
     async def _many(self, jobs) -> list[CallResult]:
-        "Run (messages, temperature, max_tokens, response_format, tools) jobs concurrently under the concurrency limit."
+        "Run (messages, temperature, max_tokens, response_format, tools[, seed]) jobs concurrently under the concurrency limit."
         client, sem = self._client(), asyncio.Semaphore(self.cfg.concurrency)
         try: return await asyncio.gather(*[self._call(client, sem, *j) for j in jobs])
         finally: await client.close()
 
     def complete(self, jobs) -> list[CallResult]:
-        "Sync entry point: run jobs of (messages, temperature, max_tokens, response_format, tools); a `str` in place of messages is a completion prompt."
+        "Sync entry point: run jobs of (messages, temperature, max_tokens, response_format, tools[, seed]); a `str` in place of messages is a completion prompt."
         return run_coro(self._many(jobs))
 
     def respond(self, requests, temperature=None):
         T = self.temperature if temperature is None else temperature
-        results = self.complete([(r.messages, T, None, None, r.tools) for r in requests])
+        results = self.complete([(r.messages, T, None, None, r.tools, self.seed_for(r)) for r in requests])
         out = []
         for r in results:
             content, calls = r.text, list(r.tool_calls)
@@ -179,10 +192,11 @@ class ApiSpeaker(Speaker):
             return msgs
         out = [dict(parse=VSParse(error="no_json"), attempts=0, errors=[], api=[]) for _ in requests]
         todo = list(range(len(requests)))
-        for _ in range(attempts):
+        for a in range(attempts):
             if not todo: break
             budget = (self.cfg.max_tokens + 24) * n + 64  # n replies plus the JSON around them
-            results = self.complete([(vs_messages(requests[i].messages), T, budget, fmt, None) for i in todo])
+            results = self.complete([(vs_messages(requests[i].messages), T, budget, fmt, None, self.seed_for(requests[i], 1000 * (a + 1)))
+                                     for i in todo])
             nxt = []
             for i, r in zip(todo, results):
                 o = out[i]; o["attempts"] += 1; o["api"].append(r.info())
@@ -203,22 +217,35 @@ def episode_rng(seed: int, key: str, turn: int) -> np.random.Generator:
 class Verbalized(Speaker):
     "Verbalized Sampling: ask `base.propose` for n candidates with probabilities and draw one with the run's seeded RNG."
     def __init__(self, base: Speaker, n: int = 5, method: str = "prob", attempts: int = 3, structured: str = "json_schema",
-                 on_failure: str = "plain", extra: str = "", seed: int = 0, name: str | None = None):
+                 on_failure: str = "plain", extra: str = "", seed: int = 0, name: str | None = None, share: bool = False):
         if on_failure not in ("plain", "fail"): raise ValueError(f"vs.on_failure: {on_failure!r}; use 'plain' or 'fail'")
         self.base, self.n, self.method, self.attempts, self.structured = base, n, method, attempts, structured
-        self.on_failure, self.extra, self.seed = on_failure, extra, seed
+        self.on_failure, self.extra, self.seed, self.share = on_failure, extra, seed, share
         self.name = name or f"vs-{base.name}"
         self.concurrent, self.api = base.concurrent, base.api
         self.stats = dict(turns=0, parsed=0, complete=0, fallback_uniform=0, fallback_plain=0, failed=0)
 
     def reseed(self, seed: int): self.seed = seed
 
+    def _propose(self, requests, temperature):
+        "Candidate sets per request; with `share`, one proposal per distinct conversation, each request still drawing with its own RNG."
+        if not self.share: return self.base.propose(requests, self.n, self.method, self.attempts, self.structured, self.extra, temperature)
+        keys = [json.dumps(r.messages, sort_keys=True, default=str) for r in requests]
+        first = {}
+        for i, k in enumerate(keys): first.setdefault(k, i)
+        props = self.base.propose([requests[i] for i in first.values()], self.n, self.method, self.attempts, self.structured, self.extra, temperature)
+        by = dict(zip(first, props))
+        self.stats["shared"] = self.stats.get("shared", 0) + len(requests) - len(first)
+        # the request that paid for a proposal carries its API cost; the others say whose proposal they drew from
+        return [by[k] if first[k] == i else {**by[k], "api": [], "shared_with": requests[first[k]].key} for i, k in enumerate(keys)]
+
     def respond(self, requests, temperature=None):
-        props = self.base.propose(requests, self.n, self.method, self.attempts, self.structured, self.extra, temperature)
+        props = self._propose(requests, temperature)
         replies, plain_idx = [None] * len(requests), []
         for i, (req, pr) in enumerate(zip(requests, props)):
             p = pr["parse"]; self.stats["turns"] += 1
             vs = {"n": self.n, "method": self.method, "attempts": pr["attempts"], "errors": pr["errors"], "parse_ok": p.ok}
+            if "shared_with" in pr: vs["shared_with"] = pr["shared_with"]
             if "raw_failures" in pr: vs["raw_failures"] = pr["raw_failures"]
             if p.ok:
                 k, w, uniform = vs_draw(p, self.method, episode_rng(self.seed, req.key, req.turn))

@@ -32,6 +32,21 @@ def test_frozen_simulator_answers(server):
     assert sp.stats["calls"] == 3 and sp.stats["failures"] == 0
 
 
+def test_request_seeds_make_draws_depend_on_episode_not_call_order(server):
+    """Without a request seed a fresh llama.cpp server draws its k-th answer alike in every run, so runs with
+    different seeds shared their simulators' draws. With per-request seeds: same (seed, key, turn) -> same answer,
+    whatever the order; another run seed -> other answers."""
+    reqs = [Request(MSGS, key=f"ep{i}") for i in range(6)]
+    def answers(seed, order):
+        sp = _speaker(server.base_url, server.model_name); sp.temperature = 1.0; sp.reseed(seed)
+        got = sp.respond([reqs[i] for i in order])
+        return {reqs[i].key: r.content for i, r in zip(order, got)}
+    first, shuffled, other = answers(1, range(6)), answers(1, [5, 2, 0, 4, 1, 3]), answers(2, range(6))
+    assert first == shuffled
+    assert sum(first[k] != other[k] for k in first) >= 3, (first, other)
+    assert len(set(first.values())) >= 3, first              # episodes of one run do not share a draw
+
+
 def test_simulate_vs_writes_jsonl_and_summary(tmp_path):
     out = tmp_path / "svs"
     r = subprocess.run([SCOPE, "simulate-vs", "--episodes", "14", "--max-new-tokens", "24", "--out", str(out)],
