@@ -53,6 +53,7 @@ browser:
 ## test: sync checks, notebook tests, then pytest
 test: venv browser
 	$(PY) tools/check_sync.py
+	$(PY) tools/check_layout.py
 	$(PY) tools/nbtest.py
 	$(PY) -m pytest
 

@@ -76,7 +76,7 @@ def megatron_check(cfg, hf_model, dev):
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
     from megatron.core.transformer.transformer_config import TransformerConfig
-    from scope_nb.fsdp import free_port
+    from scope_nb.core import free_port
     from scope_nb.megatron import gpt_model_kwargs, hf_to_megatron, megatron_config_kwargs
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("nccl", rank=0, world_size=1)

@@ -7,14 +7,13 @@ from __future__ import annotations
 import functools, re, time, zlib
 from dataclasses import dataclass
 import numpy as np
-from .core import Conversation, Episode
-from .theory import collapse_error, variance_split
-from .training import Request, Speaker
+from .core import Conversation, Episode, Reply, Request, Speaker
+from .theory import collapse_error
 
 # %% auto #0
 __all__ = ['LABELERS', 'ESTIMATORS', 'exact_label', 'yes_no_label', 'EmbeddingLabeler', 'label_all', 'class_counts',
            'modal_share', 'eps_hat', 'cp_interval', 'eps_ci', 'calibrate_eps', 'user_histories', 'CollapseReport',
-           'collapse_meter', 'CategoricalSimulator', 'variance_split_rollouts']
+           'collapse_meter', 'CategoricalSimulator']
 
 # %% ../nbs/24_collapse.ipynb #d65c48bb
 def exact_label(text: str | None) -> str:
@@ -51,7 +50,6 @@ def label_all(texts: list[str], labeler) -> list:
         labeler = LABELERS[labeler]
     if isinstance(labeler, EmbeddingLabeler): return labeler(texts)
     return [labeler(t) for t in texts]
-
 
 # %% ../nbs/24_collapse.ipynb #15b3e477
 def class_counts(labels) -> np.ndarray:
@@ -200,18 +198,4 @@ class CategoricalSimulator(Speaker):
         self.rng = np.random.default_rng(seed)
     def reseed(self, seed: int): self.rng = np.random.default_rng(seed)
     def respond(self, requests, temperature=None):
-        from scope_nb.training import Reply
         return [Reply(self.replies[self.rng.choice(len(self.replies), p=self.probs)]) for _ in requests]
-
-# %% ../nbs/24_collapse.ipynb #a5544ad7
-def variance_split_rollouts(env, task, agent, sim, A: int = 8, K: int = 8, temperatures: dict | None = None) -> dict:
-    "Eq. 6 estimate on one task: A agent randomness draws × K simulator draws; returns the split and the reward table."
-    from scope_nb.rollout import rollout
-    prev = getattr(agent, "history_seeded", None)
-    if prev is None: raise ValueError("variance_split_rollouts needs an agent whose randomness can be fixed (a LocalPolicy)")
-    agent.history_seeded = True
-    try: res = rollout(env, [task] * A, K, {"agent": agent, "user": sim}, (), temperatures or {}, tag="vsplit")
-    finally: agent.history_seeded = prev
-    R = np.array([[e.rewards["agent"] if e.status != "failed" else np.nan for e in res.episodes[a * K:(a + 1) * K]] for a in range(A)])
-    R = R[~np.isnan(R).any(1)]
-    return {**variance_split(R), "table": R.tolist()}

@@ -4,13 +4,14 @@
 
 # %% ../nbs/33_config.ipynb #c37a2532
 from __future__ import annotations
-import dataclasses, difflib, importlib.util, json, os, re, tomllib, typing
+import dataclasses, difflib, importlib.util, json, math, os, re, tomllib, typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from .envs import ENVS, env_class
 from .grpo import ADVANTAGES, GRPOConfig
 from .models import PACKAGED_MODELS, model_installed
+from .verbalized import STRUCTURED
 
 # %% auto #0
 __all__ = ['SIM_REWARDS', 'SCRIPTED', 'USER_MODES', 'ConfigError', 'RunSection', 'EnvSection', 'SpeakerSection', 'GrpoSection',
@@ -246,7 +247,11 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"grpo.group_size = 1 with grpo.advantage = {g.advantage!r}: a group of one has σ = 0, so every "
                           f"advantage is 0 and nothing trains; set grpo.group_size >= 2 or grpo.advantage = 'raw'")
     for k in ("lr", "clip_low", "clip_high", "grad_clip"):
-        if getattr(g, k) <= 0: raise ConfigError(f"grpo.{k} must be > 0, got {getattr(g, k)}")
+        if not math.isfinite(getattr(g, k)) or getattr(g, k) <= 0:
+            raise ConfigError(f"grpo.{k} must be a finite number > 0, got {getattr(g, k)}")
+    if g.clip_low >= 1:   # the ratio's lower clip is 1 - clip_low (Eq. 2): at >= 1 it never binds and the objective is unbounded
+        raise ConfigError(f"grpo.clip_low = {g.clip_low}: the importance ratio is clipped below at 1 - clip_low; use a value in "
+                          f"(0, 1) (the paper's 0.2, DAPO's clip-higher keeps clip_low at 0.2)")
     for k in ("micro_batch", "updates_per_batch"):
         if getattr(g, k) < 1: raise ConfigError(f"grpo.{k} must be >= 1, got {getattr(g, k)}")
     for role in ("agent", "user"):
@@ -270,6 +275,10 @@ def validate(cfg: Config) -> Config:
         if fam and fam.style != "chat": raise ConfigError(f"user.mode = 'vs' with user.model = {u.model!r}: that family is a base model without a chat template; use a chat family ({', '.join('shop:' + k for k, f in SHOP_FAMILIES.items() if f.style == 'chat')})")
     if u.mode == "vs" and (u.vs_n < 1 or u.vs_method not in ("prob", "random") or u.vs_on_failure not in ("plain", "fail")):
         raise ConfigError("user.vs_n must be >= 1, user.vs_method 'prob' or 'random', user.vs_on_failure 'plain' or 'fail'")
+    if u.vs_attempts < 1:   # 0 attempts would make every VS turn a plain reply while the run is labelled VS
+        raise ConfigError(f"user.vs_attempts = {u.vs_attempts}: each VS turn needs at least one proposal call; use >= 1 (default 3)")
+    if u.vs_structured not in ("auto",) + STRUCTURED:
+        raise ConfigError(f"user.vs_structured = {u.vs_structured!r}: use one of {('auto',) + STRUCTURED}")
     if u.mode == "pool" and not (u.train and not u.model.startswith(("llama:", "api:", "scripted:"))):
         raise ConfigError("user.mode = 'pool' is Population Co-Training: set user.train = true with a local model (tiny, lab-user:<family>, smollm2, a path)")
     if u.rotation_per not in ("sample", "group"): raise ConfigError(f"user.rotation_per = {u.rotation_per!r}: use 'sample' or 'group'")

@@ -6,9 +6,8 @@
 from __future__ import annotations
 import json, os, re, shutil, signal, subprocess, tempfile, zlib
 from pathlib import Path
-from .core import Conversation, ToolCall
+from .core import Conversation, Reply, Speaker, ToolCall
 from .envs import Env, EnvState, Task
-from .training import Reply, Speaker
 
 # %% auto #0
 __all__ = ['GIT_ENV', 'TOOLS', 'SETTINGS', 'cap_output', 'run_command', 'LocalSandbox', 'DockerBackend', 'fixture_root',

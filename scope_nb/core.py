@@ -4,15 +4,16 @@
 
 # %% ../nbs/01_core.ipynb #d4816902
 from __future__ import annotations
-import json, math, os, tempfile
+import json, math, os, re, socket, tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 # %% auto #0
 __all__ = ['CHAT_ROLES', 'SPEAKERS', 'STATUSES', 'LOGPROB_TOL', 'ValidationError', 'check', 'ToolCall', 'Message', 'other',
-           'Turn', 'Conversation', 'RoleTrajectory', 'Episode', 'Group', 'Batch', 'group_episodes', 'atomic_write_text',
-           'write_jsonl', 'append_jsonl', 'read_jsonl']
+           'Turn', 'Conversation', 'parse_tool_calls', 'Request', 'Reply', 'Speaker', 'ScriptedSpeaker', 'echo_user',
+           'RoleTrajectory', 'Episode', 'Group', 'group_episodes', 'free_port', 'atomic_write_text', 'write_jsonl',
+           'read_jsonl']
 
 # %% ../nbs/01_core.ipynb #582d8725
 class ValidationError(ValueError):
@@ -215,6 +216,72 @@ class Conversation:
             check(isinstance(v, str), _join(_join(path, "system"), k), "system prompt must be a string")
         for i, t in enumerate(self.turns): t.validate(_join(_join(path, "turns"), i))
 
+# %% ../nbs/01_core.ipynb #0b64cf2d
+_TOOL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+
+def parse_tool_calls(text: str, turn: int = 0) -> tuple[str | None, list[ToolCall]]:
+    "Split generated text into (content, tool calls) for `<tool_call>{json}</tool_call>` blocks."
+    calls = []
+    for k, m in enumerate(_TOOL_RE.finditer(text)):
+        try:
+            d = json.loads(m.group(1)); name, args = d["name"], json.dumps(d.get("arguments", {}))
+        except (json.JSONDecodeError, KeyError, TypeError):
+            name, args = "invalid_tool_call", m.group(1)
+        calls.append(ToolCall(f"call_{turn}_{k}", str(name), args))
+    content = _TOOL_RE.sub("", text).strip() if calls else text
+    return (content or None) if calls else content, calls
+
+# %% ../nbs/01_core.ipynb #5366e76c
+@dataclass
+class Request:
+    "What a speaker is asked: the role's view, its token stream (local policies), tools, turn, and which episode asks."
+    messages: list[dict]
+    stream: TokenStream | None = None
+    tools: list[dict] | None = None
+    turn: int = 0
+    key: str = ""      # unique episode id in this rollout (seeds per-episode choices: personas, VS draws, rotation)
+    group: int = 0     # index of the episode's group (task) in the batch
+    sample: int = 0    # index of the episode within its group
+
+@dataclass
+class Reply:
+    "A speaker's answer. `failed` replies carry an `error` and end the episode as failed (never scored)."
+    content: str | None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    truncated: bool = False
+    failed: bool = False
+    error: str | None = None
+    n_tokens: int = 0
+    info: dict[str, Any] = field(default_factory=dict)
+
+class Speaker:
+    "Anything that answers a batch of role views. Subclasses implement `respond`; `reseed` makes a step replayable."
+    name: str = "speaker"
+    trainable: bool = False
+    concurrent: bool = False  # run in a thread next to local generation (API clients)
+    api: bool = False         # time spent here counts as simulator API time
+    def respond(self, requests: list[Request], temperature: float | None = None) -> list[Reply]: raise NotImplementedError
+    def reseed(self, seed: int) -> None: "Reset any sampling randomness (called at the start of every step)."
+
+    def propose(self, requests: list[Request], n: int = 5, method: str = "prob", attempts: int = 3,
+                structured: str = "json_schema", extra: str = "", temperature: float | None = None) -> list[dict]:
+        "Verbalized candidates: per request a dict with `parse` (a `VSParse`), `attempts`, `errors` and `api` (call info)."
+        raise NotImplementedError(f"{self.name}: this speaker cannot verbalize (no `propose`); Verbalized Sampling "
+                                  f"(user.mode = 'vs') needs an api:, llama:, lab: or chat shop: simulator")
+
+class ScriptedSpeaker(Speaker):
+    "A rule-based speaker: `fn(messages) -> text`; e.g. a scripted user for tests and the lab."
+    def __init__(self, fn: Callable[[list[dict]], str], name: str = "scripted"):
+        self.fn, self.name = fn, name
+    def respond(self, requests, temperature=None):
+        return [Reply(self.fn(r.messages)) for r in requests]
+
+def echo_user(messages: list[dict]) -> str:
+    "The EchoEnv user: says the k-th colour from its system prompt ('say red blue ...') on its k-th turn."
+    colours = messages[0]["content"].split()[1:]
+    k = sum(m["role"] == "assistant" for m in messages)
+    return colours[k] if k < len(colours) else "bye"
+
 # %% ../nbs/01_core.ipynb #5d40251a
 STATUSES = ("completed", "max_turns", "truncated", "failed")
 LOGPROB_TOL = 1e-4  # sampled logprobs are <= 0; allow float round-off
@@ -335,15 +402,6 @@ class Group:
         "Rewards of `role` over the episodes that were scored (failed episodes excluded)."
         return [e.rewards[role] for e in self.episodes if e.status != "failed" and e.rewards.get(role) is not None]
 
-@dataclass
-class Batch:
-    "The B groups of one training step."
-    groups: list[Group]
-    step: int | None = None
-
-    @property
-    def episodes(self) -> list[Episode]: return [e for g in self.groups for e in g.episodes]
-
 def group_episodes(episodes: Iterable[Episode]) -> list[Group]:
     "Groups by `group` id (falling back to `task_id`), in first-seen order, samples sorted."
     out: dict[str, list[Episode]] = {}
@@ -351,6 +409,12 @@ def group_episodes(episodes: Iterable[Episode]) -> list[Group]:
     return [Group(sorted(v, key=lambda e: e.sample)) for v in out.values()]
 
 # %% ../nbs/01_core.ipynb #9d35f6cb
+def free_port() -> int:
+    "A free TCP port on 127.0.0.1 (servers and process groups here listen on loopback only)."
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     "Write `text` to `path` atomically (temp file in the same directory + `os.replace`)."
     path = Path(path)
@@ -376,16 +440,6 @@ def write_jsonl(path: str | os.PathLike, episodes: Iterable[Episode]) -> Path:
         e.validate(f"episodes[{i}]")
         lines.append(_dumps(e.to_dict()))
     return atomic_write_text(path, "".join(l + "\n" for l in lines))
-
-def append_jsonl(path: str | os.PathLike, episodes: Iterable[Episode]):
-    "Validate and append `episodes` to `path` (one line each, flushed)."
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lines = []
-    for i, e in enumerate(episodes):
-        e.validate(f"episodes[{i}]")
-        lines.append(_dumps(e.to_dict()) + "\n")
-    with open(path, "a", encoding="utf-8") as f: f.write("".join(lines)); f.flush()
 
 def read_jsonl(path: str | os.PathLike) -> list[Episode]:
     "Read episodes written by `write_jsonl`; errors name `file:line` and the field."

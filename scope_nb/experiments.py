@@ -14,10 +14,10 @@ from .shop import SHOP_SEEN, SHOP_UNSEEN
 
 # %% auto #0
 __all__ = ['LAB_BASE', 'LAB_METHODS', 'LAB_COMPARISONS', 'DEMO_ARMS', 'SHOP_TOP', 'SHOP_BASE', 'SHOP_METHODS', 'SHOP_COMPARISONS',
-           'CPU_LLM_METHODS', 'ROUTER', 'PAPER_PANEL', 'MAX_TURNS', 'COOP_ARMS', 'EXPERIMENTS', 'SCALES', 'Arm',
-           'Experiment', 'merge', 'lab_panel', 'cpu_llm_base', 'shop_panel', 'gpu_base', 'gpu_methods',
-           'get_experiment', 'experiment_dicts', 'experiment_configs', 'run_finished', 'method_comparisons',
-           'fig_sweep', 'run_experiment', 'write_configs']
+           'CPU_LLM_METHODS', 'ROUTER', 'PAPER_PANEL', 'MAX_TURNS', 'COOP_ARMS', 'EXPERIMENTS', 'Arm', 'Experiment',
+           'merge', 'lab_panel', 'cpu_llm_base', 'shop_panel', 'gpu_base', 'gpu_methods', 'get_experiment',
+           'experiment_dicts', 'experiment_configs', 'run_finished', 'method_comparisons', 'fig_sweep',
+           'run_experiment', 'write_configs']
 
 # %% ../nbs/40_experiments.ipynb #4e8fd8ec
 @dataclass
@@ -184,7 +184,7 @@ def _pool_arms(ks=(1, 3, 5, 10)) -> list[Arm]:
     return [Arm(f"pool-k{k}", f"Population K={k}", {"user": dict(_COTRAIN, mode="pool", pool_size=k, pool_every=4)}) for k in ks]
 
 def _reward_arms() -> list[Arm]:
-    return ([Arm("ensemble", "RL + Ensemble (K=3)", LAB_METHODS[3].overrides)] +
+    return ([Arm("ensemble", "RL + Ensemble (K=3)", next(a for a in LAB_METHODS if a.name == "ensemble").overrides)] +
             [Arm(f"pop-{r}", f"Population ({r})", {"user": dict(_COTRAIN, reward=r, mode="pool", pool_size=5, pool_every=4)})
              for r in ("adversarial", "cooperative", "curriculum")])
 
@@ -235,8 +235,6 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
 ]}
 
 # %% ../nbs/40_experiments.ipynb #dce96c8c
-SCALES = ("lab", "cpu-llm", "gpu")
-
 def get_experiment(name: str) -> Experiment:
     if name not in EXPERIMENTS: raise ConfigError(f"experiment {name!r}: unknown; known: {', '.join(EXPERIMENTS)} (scope experiment list)")
     return EXPERIMENTS[name]

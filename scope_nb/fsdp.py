@@ -4,21 +4,17 @@
 
 # %% ../nbs/35_fsdp.ipynb #9af8a9dc
 from __future__ import annotations
-import copy, os, socket
+import copy, os
 import torch
 import torch.distributed as dist
+from .core import free_port
 from .grpo import GRPOConfig, GRPOTrainer
 from .training import LocalPolicy
 
 # %% auto #0
-__all__ = ['free_port', 'init_local_group', 'decoder_layers', 'FSDPTrainer']
+__all__ = ['init_local_group', 'decoder_layers', 'FSDPTrainer']
 
 # %% ../nbs/35_fsdp.ipynb #9c4f30e5
-def free_port() -> int:
-    "A free TCP port on loopback."
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
-
 def init_local_group(rank: int, world: int, port: int, backend: str = "gloo") -> None:
     "Join a process group on 127.0.0.1:`port` (every rank calls this with the same port)."
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

@@ -88,7 +88,7 @@ class GRPOTrainer:
         if cfg.optimizer != "adamw": raise ValueError(f"optimizer {cfg.optimizer!r}: use 'adamw' or 'sgd'")
         return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
 
-    # parallel backends (35_fsdp, 36_megatron_train) override these: which items this process computes, how much each
+    # parallel backends (35_fsdp, 37_megatron_train) override these: which items this process computes, how much each
     # process's loss counts, how per-process statistics are summed, how a model scores tokens, how gradients are clipped
     def _local(self, items: list) -> list: return items
     def _loss_scale(self) -> float: return 1.0

@@ -9,18 +9,19 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
-from .core import Conversation
+from .core import Conversation, Reply, Speaker
 from .envs import Env, EnvState, Task
 from .simulators import episode_rng
-from .training import Reply, Speaker, tiny_policy
+from .theory import sharpen
+from .training import tiny_policy
 from .verbalized import VSParse
 
 # %% auto #0
 __all__ = ['CONCERNS', 'PITCHES', 'ADDRESSES', 'ASK', 'TOPICS', 'LAB_VOCAB', 'FAMILIES', 'SEEN_FAMILIES', 'UNSEEN_FAMILIES',
            'MODE_EXPLOIT_GAP', 'VS_RECOVERY', 'PERSONA_SIGMA', 'BASE_OPENINGS', 'STRATEGIES', 'family_distribution',
-           'sharpen', 'outcome_of', 'LabEnv', 'parse_lab_spec', 'LabSimulator', 'measure_lab_simulators', 'lab_agent',
-           'lab_user', 'is_lab_spec', 'check_lab_spec', 'lab_speaker', 'strategy_stats', 'strategy_shares',
-           'fig_lab_strategies', 'fig_lab_payoffs']
+           'outcome_of', 'LabEnv', 'parse_lab_spec', 'LabSimulator', 'measure_lab_simulators', 'lab_agent', 'lab_user',
+           'is_lab_spec', 'check_lab_spec', 'lab_speaker', 'strategy_stats', 'strategy_shares', 'fig_lab_strategies',
+           'fig_lab_payoffs']
 
 # %% ../nbs/14_lab.ipynb #406e7b92
 CONCERNS = ("price", "trust", "time", "impact", "proof")
@@ -42,16 +43,6 @@ def family_distribution(mode: int, mode_mass: float = 0.45) -> np.ndarray:
 FAMILIES = {name: family_distribution(i) for i, name in enumerate(("frugal", "wary", "busy", "idealist", "analyst"))}
 SEEN_FAMILIES, UNSEEN_FAMILIES = ("frugal", "wary", "busy"), ("idealist", "analyst")
 MODE_EXPLOIT_GAP = 0.3   # Δ: what asking first costs against a user whose concern the exploit would have hit
-
-# %% ../nbs/14_lab.ipynb #59694409
-def sharpen(p, gamma: float, temperature: float = 1.0) -> np.ndarray:
-    "q ∝ p^(γ/T); temperature 0 puts all mass on the mode (ties: the first)."
-    p = np.asarray(p, float)
-    if temperature <= 0:
-        q = np.zeros_like(p); q[int(np.argmax(p))] = 1.0; return q
-    logq = (gamma / temperature) * np.log(np.clip(p, 1e-300, None))
-    q = np.exp(logq - logq.max())
-    return q / q.sum()
 
 # %% ../nbs/14_lab.ipynb #faca750d
 def _first(text) -> str:
@@ -161,7 +152,7 @@ class LabSimulator(Speaker):
 def measure_lab_simulators(specs, n: int = 2000, vs_n: int = 5, seed: int = 0) -> list[dict]:
     "Per lab simulator spec: TV to its family's reference p_f and ε, from n sampled replies, plain and through Verbalized."
     from scope_nb.simulators import Verbalized
-    from scope_nb.training import Request
+    from scope_nb.core import Request
     rows = []
     for spec in specs:
         fam, g, rho = parse_lab_spec(spec)

@@ -4,19 +4,15 @@
 
 # %% ../nbs/21_llama_server.ipynb #255835f9
 from __future__ import annotations
-import os, socket, subprocess, sys, tempfile, time, urllib.request, urllib.error
+import os, subprocess, sys, tempfile, time, urllib.request, urllib.error
 from pathlib import Path
+from .core import free_port
 from .models import PACKAGED_MODELS, model_path
 
 # %% auto #0
-__all__ = ['free_port', 'llama_cpp_available', 'LlamaServer']
+__all__ = ['llama_cpp_available', 'LlamaServer']
 
 # %% ../nbs/21_llama_server.ipynb #38ebe32b
-def free_port() -> int:
-    "A free TCP port on 127.0.0.1."
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
-
 def llama_cpp_available() -> bool:
     "Whether `llama_cpp.server` can be imported (the `local` extra)."
     import importlib.util

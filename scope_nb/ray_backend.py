@@ -65,7 +65,7 @@ class TrainerRank:
     def address(self) -> tuple[str, int]:
         "Where rank 0 listens for the group: this node's address and a free port."
         import ray
-        from scope_nb.fsdp import free_port
+        from scope_nb.core import free_port
         return ray.util.get_node_ip_address(), free_port()
 
     def setup(self, master: tuple[str, int] | None = None):

@@ -7,12 +7,14 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from .core import Episode
+import numpy as np
+from .core import Episode, Reply, Request, Speaker
 from .envs import Env, EnvState, Task
-from .training import Reply, Request, Speaker, TokenStream
+from .theory import variance_split
+from .training import TokenStream
 
 # %% auto #0
-__all__ = ['RolloutResult', 'rollout']
+__all__ = ['RolloutResult', 'rollout', 'variance_split_rollouts']
 
 # %% ../nbs/31_rollout.ipynb #c422f07a
 @dataclass
@@ -84,3 +86,15 @@ def _episode(env, st: EnvState, i, group, G, streams, trainable, errors, truncat
     if i in truncated: info["truncated_roles"] = sorted(truncated[i])
     if infos[i]: info["turns"] = infos[i]
     return Episode(st.task.id, st.conversation, trajs, rewards, status, errors.get(i), group, i % G, step, info)
+
+# %% ../nbs/31_rollout.ipynb #a5544ad7
+def variance_split_rollouts(env, task, agent, sim, A: int = 8, K: int = 8, temperatures: dict | None = None) -> dict:
+    "Eq. 6 estimate on one task: A agent randomness draws × K simulator draws; returns the split and the reward table."
+    prev = getattr(agent, "history_seeded", None)
+    if prev is None: raise ValueError("variance_split_rollouts needs an agent whose randomness can be fixed (a LocalPolicy)")
+    agent.history_seeded = True
+    try: res = rollout(env, [task] * A, K, {"agent": agent, "user": sim}, (), temperatures or {}, tag="vsplit")
+    finally: agent.history_seeded = prev
+    R = np.array([[e.rewards["agent"] if e.status != "failed" else np.nan for e in res.episodes[a * K:(a + 1) * K]] for a in range(A)])
+    R = R[~np.isnan(R).any(1)]
+    return {**variance_split(R), "table": R.tolist()}

@@ -9,13 +9,13 @@ from pathlib import Path
 import numpy as np
 import torch
 from .config import Config, ConfigError, PanelEntry, SpeakerSection, to_dict, to_toml, load_config
-from .core import atomic_write_text, write_jsonl
+from .core import atomic_write_text, Speaker, write_jsonl
 from .envs import Env, make_env
 from .grpo import GRPOConfig, GRPOTrainer, group_stats, role_items
 from .rollout import rollout
 from .theory import curriculum_reward
 from .sim_modes import PoolSpeaker, Servers, build_speaker, build_user
-from .training import LocalPolicy, Speaker
+from .training import LocalPolicy
 
 # %% auto #0
 __all__ = ['append_metrics', 'read_metrics', 'summarize', 'save_checkpoint', 'latest_checkpoint', 'load_checkpoint',

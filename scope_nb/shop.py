@@ -7,9 +7,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 import numpy as np
-from .core import Conversation
+from .core import Conversation, Reply, Request, Speaker
 from .envs import Env, EnvState, Task
-from .training import Reply, Request, Speaker
 
 # %% auto #0
 __all__ = ['CONCERNS', 'KEYWORDS', 'LABELLED_REPLIES', 'PRODUCTS', 'SHOP_GAP', 'INTAKE_PROMPT', 'AGENT_PROMPT', 'SHOP_FAMILIES',

@@ -7,9 +7,9 @@ from __future__ import annotations
 import json, os, shutil, time
 from pathlib import Path
 import numpy as np
-from .core import atomic_write_text
+from .core import atomic_write_text, echo_user, Reply, Request, ScriptedSpeaker, Speaker
 from .simulators import ApiConfig, ApiSpeaker, Verbalized, episode_rng
-from .training import LocalPolicy, Reply, Request, ScriptedSpeaker, Speaker, echo_user, tiny_policy
+from .training import LocalPolicy, tiny_policy
 
 # %% auto #0
 __all__ = ['DEFAULT_PERSONAS', 'SCRIPTED_FNS', 'Rotation', 'load_personas', 'PersonaGuided', 'PoolEmpty', 'CheckpointPool',
@@ -151,7 +151,7 @@ class PoolSpeaker(Speaker):
         self.current, self.pool, self.sampling, self.seed = current, pool, sampling, seed
         self.name, self.trainable = current.name, current.trainable
         self.entry, self._loaded, self._opponent = None, None, None
-        self.engine = None   # optional rollout engine (37_sglang) that plays the drawn entry, its weights loaded from the entry's folder
+        self.engine = None   # optional rollout engine (38_sglang) that plays the drawn entry, its weights loaded from the entry's folder
 
     def reseed(self, seed: int):
         self.seed = seed
@@ -205,6 +205,12 @@ def build_speaker(spec: str, sec, env, name: str, seed: int, trainable: bool = F
     if isinstance(sp, LocalPolicy): sp.episode_seeded = getattr(sec, "seeding", "batch") == "episode"
     return sp
 
+def _owned(servers: Servers | None, spec: str) -> Servers:
+    "The `Servers` that will stop the llama.cpp server `spec` starts; without one the server would outlive the run."
+    if servers is None:
+        raise ValueError(f"{spec!r} starts a llama.cpp server: pass servers=… from `with Servers() as servers:` so it is stopped")
+    return servers
+
 def _build_speaker(spec: str, sec, env, name: str, seed: int, trainable: bool = False, servers: Servers | None = None) -> Speaker:
     T, max_new = getattr(sec, "temperature", 0.7), getattr(sec, "max_new_tokens", 64)
     if spec.startswith("scripted:"): return ScriptedSpeaker(SCRIPTED_FNS[spec.split(":", 1)[1]], name)
@@ -213,13 +219,13 @@ def _build_speaker(spec: str, sec, env, name: str, seed: int, trainable: bool = 
         return lab_speaker(spec, name, seed, trainable, T, max_new, getattr(sec, "hidden", 32), getattr(sec, "layers", 1))
     if spec.startswith("shop:"):   # a customer family of the shop game (15_shop), served by llama.cpp
         from scope_nb.shop import shop_speaker
-        return shop_speaker(spec, name, seed, servers or Servers(), max_tokens=max_new, timeout=getattr(sec, "timeout", 60.0),
+        return shop_speaker(spec, name, seed, _owned(servers, spec), max_tokens=max_new, timeout=getattr(sec, "timeout", 60.0),
                             max_retries=getattr(sec, "max_retries", 4), concurrency=getattr(sec, "concurrency", 8))
     if spec.startswith(("llama:", "api:")):
         kind, model = spec.split(":", 1)
         common = dict(timeout=getattr(sec, "timeout", 60.0), max_retries=getattr(sec, "max_retries", 4),
                       concurrency=getattr(sec, "concurrency", 8), max_tokens=max_new)
-        if kind == "llama": cfg = (servers or Servers()).api_config(model, **common)
+        if kind == "llama": cfg = _owned(servers, spec).api_config(model, **common)
         else:
             cfg = ApiConfig(model=model, base_url=getattr(sec, "base_url", "") or None, api_key_env=getattr(sec, "api_key_env", "") or None, **common)
         return ApiSpeaker(cfg, name=name, temperature=T, seed=seed)

@@ -9,8 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 import numpy as np
-from .core import ToolCall
-from .training import Reply, Request, Speaker, parse_tool_calls
+from .core import parse_tool_calls, Reply, Request, Speaker, ToolCall
 from .verbalized import parse_vs, vs_draw, vs_instructions, vs_response_format, VSParse
 
 # %% auto #0

@@ -37,9 +37,11 @@ def is_collapsed(eps_visited, eps_star: float, weights=None) -> bool:
     "Definition 3.1: mean collapse error over the visited simulator turns is at most ε*."
     return float(np.average(np.asarray(eps_visited, float), weights=weights)) <= eps_star
 
-def sharpen(p, gamma: float) -> np.ndarray:
-    "γ-sharpened distribution p^γ / Σ p^γ along the last axis (Prop. B.2, F.1)."
-    logp = gamma * np.log(np.clip(np.asarray(p, float), 1e-300, None))
+def sharpen(p, gamma: float, temperature: float = 1.0) -> np.ndarray:
+    "γ-sharpened distribution p^(γ/T) / Σ p^(γ/T) along the last axis (Prop. B.2, F.1); T = 0 puts all mass on the mode (ties: the first)."
+    p = np.asarray(p, float)
+    if temperature <= 0: return np.eye(p.shape[-1])[p.argmax(-1)]
+    logp = (gamma / temperature) * np.log(np.clip(p, 1e-300, None))
     logp -= logp.max(-1, keepdims=True)
     w = np.exp(logp)
     return w / w.sum(-1, keepdims=True)

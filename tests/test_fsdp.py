@@ -3,7 +3,8 @@ import pickle
 import numpy as np
 import torch
 import torch.multiprocessing as mp
-from scope_nb.fsdp import FSDPTrainer, free_port, init_local_group
+from scope_nb.core import free_port
+from scope_nb.fsdp import FSDPTrainer, init_local_group
 from scope_nb.grpo import GRPOConfig, GRPOTrainer, role_items
 from scope_nb.lab import LAB_VOCAB, LabEnv, LabSimulator
 from scope_nb.rollout import rollout

@@ -96,7 +96,7 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 
 def test_run_plan_starts_waits_and_stops_only_its_processes(tmp_path):
     "A non-dry launch with stand-ins for Ray, SGLang and the trainer: engines awaited on /health, trainer's status returned, the rest stopped."
-    from scope_nb.fsdp import free_port
+    from scope_nb.core import free_port
     from scope_nb.launch import _alive, plan_launch, run_plan
     plan = plan_launch("table1-tau2-retail", "co-training", out=str(tmp_path), gpus=2, base_port=free_port())
     for g in plan.groups: g.engine_ports = [free_port() for _ in g.gpus]
@@ -121,7 +121,7 @@ def test_run_plan_starts_waits_and_stops_only_its_processes(tmp_path):
 
 
 def test_run_plan_names_the_log_of_an_engine_that_dies(tmp_path):
-    from scope_nb.fsdp import free_port
+    from scope_nb.core import free_port
     from scope_nb.launch import plan_launch, run_plan
     plan = plan_launch("table1-tau2-retail", "rl-single", out=str(tmp_path), gpus=1, base_port=free_port())
     py = sys.executable

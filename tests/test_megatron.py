@@ -7,7 +7,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
-from scope_nb.fsdp import free_port, init_local_group
+from scope_nb.core import free_port
+from scope_nb.fsdp import init_local_group
 from scope_nb.megatron import gpt_model_kwargs, hf_to_megatron, megatron_config_kwargs, megatron_to_hf
 
 warnings.filterwarnings("ignore", message=".*Transformer Engine.*")

@@ -6,7 +6,7 @@ import pytest
 from faultproxy import FaultProxy
 from scope_nb.llama_server import LlamaServer
 from scope_nb.simulators import ApiConfig, ApiSpeaker, Verbalized
-from scope_nb.training import Request
+from scope_nb.core import Request
 
 SCOPE = str(Path(sys.executable).parent / "scope")
 MSGS = [{"role": "system", "content": "You are a busy person. Reply in one short sentence."},

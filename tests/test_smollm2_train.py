@@ -3,10 +3,10 @@ import subprocess, sys
 from pathlib import Path
 import torch
 from conftest import ROOT
-from scope_nb.core import Conversation
+from scope_nb.core import Conversation, Request
 from scope_nb.models import load_causal_lm
 from scope_nb.run import read_metrics, latest_checkpoint
-from scope_nb.training import LocalPolicy, Request, TokenStream, token_logprobs
+from scope_nb.training import LocalPolicy, TokenStream, token_logprobs
 
 SCOPE = str(Path(sys.executable).parent / "scope")
 

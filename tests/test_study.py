@@ -5,7 +5,7 @@ import asyncio, json, os, signal, subprocess, sys, time
 from pathlib import Path
 import httpx
 import pytest
-from scope_nb.fsdp import free_port
+from scope_nb.core import free_port
 from scope_nb.llama_server import LlamaServer
 from scope_nb.study.store import P4G_ITEMS, TAU2_ITEMS
 

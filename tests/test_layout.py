@@ -1,0 +1,36 @@
+"""The layout check passes on the repository and fails on a deliberately wrong copy (a forward import, a shared
+notebook number, a stale line in the list of known forward imports)."""
+import json, shutil, subprocess, sys
+from conftest import ROOT
+
+
+def _copy(tmp_path):
+    dst = tmp_path / "proj"
+    for d in ("nbs", "scope_nb", "tools"): shutil.copytree(ROOT / d, dst / d, ignore=shutil.ignore_patterns("__pycache__"))
+    return dst
+
+
+def _check(root):
+    return subprocess.run([sys.executable, str(ROOT / "tools" / "check_layout.py"), "--root", str(root)], capture_output=True, text=True)
+
+
+def test_repository_layout_passes():
+    r = _check(ROOT)
+    assert r.returncode == 0, r.stdout
+
+
+def test_forward_import_fails(tmp_path):
+    root = _copy(tmp_path)
+    core = root / "scope_nb" / "core.py"
+    core.write_text(core.read_text() + "\n\ndef _late():\n    from scope_nb.run import train   # core (01) reaching into run\n")
+    r = _check(root)
+    assert r.returncode == 1 and "scope_nb/core.py" in r.stdout and "imports run (34_run.ipynb)" in r.stdout, r.stdout
+
+
+def test_shared_number_and_stale_known_line_fail(tmp_path):
+    root = _copy(tmp_path)
+    shutil.copy2(root / "nbs" / "31_rollout.ipynb", root / "nbs" / "31_rollout_copy.ipynb")
+    with open(root / "tools" / "layout_known.txt", "a") as f: f.write("core -> run\n")
+    r = _check(root)
+    assert r.returncode == 1
+    assert "notebooks share the number 31" in r.stdout and "core -> run no longer occurs" in r.stdout, r.stdout

@@ -1,0 +1,86 @@
+"""Notebook layout check: a module may import only modules exported by lower-numbered notebooks (or its own).
+
+    python tools/check_layout.py [--root .]
+
+Each `nbs/NN_*.ipynb` names the module it exports (`#| default_exp`); every `import` of a `scope_nb` module in the
+library, lazy imports inside functions included, must point to a notebook numbered below the importer's. Two
+notebooks may not share a number. Exit 1 with one line per violation.
+
+`tools/layout_known.txt` lists the forward imports still being untangled, one `importer -> imported` per line; the
+check fails on any forward import not listed there, and on a listed one that no longer occurs (delete its line), so
+the list can only shrink."""
+import argparse, ast, json, re, sys
+from pathlib import Path
+
+
+def notebook_modules(nbs: Path) -> dict[str, tuple[int, str]]:
+    "module -> (lowest notebook number exporting it, notebook name)."
+    out = {}
+    for p in sorted(nbs.glob("[0-9][0-9]_*.ipynb")):
+        src = "\n".join("".join(c["source"]) for c in json.loads(p.read_text())["cells"] if c["cell_type"] == "code")
+        for m in re.findall(r"^#\|\s*default_exp\s+(\S+)", src, re.M):
+            num = int(p.name[:2])
+            if m not in out or num < out[m][0]: out[m] = (num, p.name)
+    return out
+
+
+def imports_of(py: Path, package: str, known) -> list[tuple[int, str]]:
+    "(line, module) of every scope_nb module that `py` (in subpackage `package`, '' for the top) imports; names as `known` spells them."
+    out = []
+    def add(line, dotted):  # the longest known module that `dotted` (relative to scope_nb) starts with
+        parts = dotted.split(".")
+        for k in range(len(parts), 0, -1):
+            if ".".join(parts[:k]) in known: out.append((line, ".".join(parts[:k]))); return
+    for node in ast.walk(ast.parse(py.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1] if package else []
+                base = [b for b in base if b]
+                prefix = ".".join(base + ([node.module] if node.module else []))
+                for a in node.names: add(node.lineno, f"{prefix}.{a.name}" if prefix else a.name)
+            elif node.module and node.module.startswith("scope_nb."):
+                for a in node.names: add(node.lineno, f"{node.module[9:]}.{a.name}")
+            elif node.module == "scope_nb":
+                for a in node.names: add(node.lineno, a.name)
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("scope_nb."): add(node.lineno, a.name[9:])
+    return out
+
+
+def known_forward(root: Path) -> set[tuple[str, str]]:
+    "The listed `importer -> imported` pairs of `tools/layout_known.txt` (comments after #)."
+    p = root / "tools" / "layout_known.txt"
+    lines = [l.split("#")[0].strip() for l in p.read_text().splitlines()] if p.exists() else []
+    return {tuple(x.strip() for x in l.split("->")) for l in lines if l}
+
+
+def check(root: Path) -> list[str]:
+    nbs, lib = root / "nbs", root / "scope_nb"
+    mods, problems, known, seen = notebook_modules(nbs), [], known_forward(root), set()
+    nums = {}
+    for p in sorted(nbs.glob("[0-9][0-9]_*.ipynb")): nums.setdefault(p.name[:2], []).append(p.name)
+    problems += [f"notebooks share the number {n}: {', '.join(v)}" for n, v in nums.items() if len(v) > 1]
+    for py in sorted(lib.rglob("*.py")):
+        rel = py.relative_to(lib).with_suffix("")
+        me = ".".join(rel.parts)
+        if me not in mods: continue
+        num, nb = mods[me]
+        for line, m in imports_of(py, ".".join(rel.parts[:-1]), mods):
+            if m != me and mods[m][0] >= num:
+                seen.add((me, m))
+                if (me, m) not in known:
+                    problems.append(f"scope_nb/{rel}.py:{line} ({nb}) imports {m} ({mods[m][1]}): a notebook may only import "
+                                    f"lower-numbered ones; move the code or renumber the notebooks")
+    problems += [f"tools/layout_known.txt: {a} -> {b} no longer occurs; delete that line" for a, b in sorted(known - seen)]
+    return problems
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(); ap.add_argument("--root", default=".")
+    probs = check(Path(ap.parse_args().root))
+    for p in probs: print(p)
+    n = len(known_forward(Path(ap.parse_args().root)))
+    print(f"layout check: {len(probs)} problem(s)" if probs else
+          f"layout check: every import points to a lower-numbered notebook ({n} listed in tools/layout_known.txt)")
+    sys.exit(1 if probs else 0)
