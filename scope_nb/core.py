@@ -236,7 +236,7 @@ def parse_tool_calls(text: str, turn: int = 0) -> tuple[str | None, list[ToolCal
 class Request:
     "What a speaker is asked: the role's view, its token stream (local policies), tools, turn, and which episode asks."
     messages: list[dict]
-    stream: TokenStream | None = None
+    stream: Any = None    # a training.TokenStream when a trained local policy answers
     tools: list[dict] | None = None
     turn: int = 0
     key: str = ""      # unique episode id in this rollout (seeds per-episode choices: personas, VS draws, rotation)
