@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from .config import Config, ConfigError, apply_overrides, from_dict, to_dict, to_toml, validate
 from .lab import SEEN_FAMILIES, UNSEEN_FAMILIES
+from .llama_server import llama_threads
 from .shop import SHOP_SEEN, SHOP_UNSEEN
 
 # %% auto #0
@@ -347,7 +348,7 @@ def run_experiment(name: str, scale: str = "lab", seeds=(0,), out: str = "runs/e
     bar = tqdm(total=len(todo), desc=f"{name} [{scale}]", disable=not progress or not todo)
     if jobs > 1 and len(todo) > 1:
         from concurrent.futures import as_completed
-        threads = str(max(1, (os.cpu_count() or 2) // jobs))   # the runs' llama.cpp servers share the cores (21_llama_server)
+        threads = str(llama_threads(jobs))   # the runs' llama.cpp servers share the cores (21_llama_server)
         with ProcessPoolExecutor(min(jobs, len(todo)), mp_context=mp.get_context("spawn"), initializer=_llama_threads,
                                  initargs=(threads,)) as ex:
             for f in as_completed([ex.submit(_run_one, to_dict(c)) for c in todo]):

@@ -10,9 +10,13 @@ from .core import free_port
 from .models import PACKAGED_MODELS, model_path
 
 # %% auto #0
-__all__ = ['llama_cpp_available', 'LlamaServer']
+__all__ = ['llama_threads', 'llama_cpp_available', 'LlamaServer']
 
 # %% ../nbs/21_llama_server.ipynb #38ebe32b
+def llama_threads(parallel: int = 1) -> int:
+    "Threads per llama.cpp server when `parallel` servers compute at once: SCOPE_LLAMA_THREADS if set, else cores // parallel."
+    return int(os.environ.get("SCOPE_LLAMA_THREADS") or 0) or max(1, (os.cpu_count() or 2) // max(1, parallel))
+
 def llama_cpp_available() -> bool:
     "Whether `llama_cpp.server` can be imported (the `local` extra)."
     import importlib.util
@@ -45,7 +49,7 @@ class LlamaServer:
             raise RuntimeError("llama-cpp-python is not installed; install the `local` extra: pip install 'scope_nb[local]' "
                                "(or `make venv`, which installs it)")
         self.port = self.port or free_port()
-        threads = self.n_threads or int(os.environ.get("SCOPE_LLAMA_THREADS") or 0) or max(1, (os.cpu_count() or 2))
+        threads = self.n_threads or llama_threads()
         cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(self.gguf), "--model_alias", self.model_name,
                "--host", "127.0.0.1", "--port", str(self.port), "--n_ctx", str(self.n_ctx), "--n_threads", str(threads),
                "--interrupt_requests", "False",   # by default a waiting request cuts a running stream short with [DONE]

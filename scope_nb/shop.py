@@ -285,13 +285,14 @@ def measure_shop(families=tuple(SHOP_FAMILIES), modes=SHOP_MODES, n: int = 200, 
     import os, queue, time
     from concurrent.futures import ThreadPoolExecutor
     from tqdm.auto import tqdm
+    from scope_nb.llama_server import llama_threads
     from scope_nb.sim_modes import Servers
     jobs = [(f, m) for f in families for m in modes if m == "plain" or SHOP_FAMILIES[f].style == "chat"]
     cost = lambda j: (n if j[1] == "plain" else n_persona * 2 if j[1] == "persona" else vs_calls * 10)   # plain calls' worth
     todo = queue.Queue()
     for j in sorted(jobs, key=cost, reverse=True): todo.put(j)
     raw, bar = {}, tqdm(total=len(jobs), desc="measuring shop customers", disable=not progress)
-    threads = max(1, (os.cpu_count() or 2) // workers)   # llama.cpp threads that outnumber the cores spin and slow every server
+    threads = llama_threads(workers)   # llama.cpp threads that outnumber the cores spin and slow every server
     def work(_):
         with Servers(extra_args=("--cache", "True"), n_ctx=2048, n_threads=threads) as servers:
             while True:
