@@ -34,7 +34,7 @@ def train_timed(d: dict, tasks: int, group: int):
 def one_run(arm: str, steps: int, tasks: int, group: int, out: str) -> dict:
     from scope_nb.experiments import experiment_dicts
     cfg, rows = train_timed(experiment_dicts("collapse-lab", "lab", (0,), out, [arm], steps=steps)[0], tasks, group)
-    from scope_nb.sim_modes import build_speaker
+    from scope_nb.specs import build_speaker
     from scope_nb.envs import make_env
     n_params = sum(p.numel() for p in build_speaker(cfg.agent.model, cfg.agent, make_env("lab", 2), "agent", 0, True).model.parameters())
     trained = 1 + bool(cfg.user.train)

@@ -88,7 +88,7 @@ class GRPOTrainer:
         if cfg.optimizer != "adamw": raise ValueError(f"optimizer {cfg.optimizer!r}: use 'adamw' or 'sgd'")
         return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
 
-    # parallel backends (35_fsdp, 37_megatron_train) override these: which items this process computes, how much each
+    # parallel backends (60_fsdp, 62_megatron_train) override these: which items this process computes, how much each
     # process's loss counts, how per-process statistics are summed, how a model scores tokens, how gradients are clipped
     def _local(self, items: list) -> list: return items
     def _loss_scale(self) -> float: return 1.0
@@ -97,7 +97,7 @@ class GRPOTrainer:
         return token_logprobs(model, seqs, self.temperature, self.policy.pad_id, with_entropy=with_entropy, start=start)
     def _clip_grads(self) -> float: return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip))
 
-    # weights (full tensors, HF layout) and optimizer state in and out: what trainer groups (39_ray) exchange
+    # weights (full tensors, HF layout) and optimizer state in and out: what trainer groups (64_ray) exchange
     def full_state_dict(self) -> dict: return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
     def load_full_state_dict(self, sd: dict) -> None: self.model.load_state_dict(sd)
     def opt_state_dict(self) -> dict: return self.opt.state_dict()

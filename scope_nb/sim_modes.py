@@ -8,12 +8,11 @@ import json, os, shutil, time
 from pathlib import Path
 import numpy as np
 from .core import atomic_write_text, echo_user, Reply, Request, ScriptedSpeaker, Speaker
-from .simulators import ApiConfig, ApiSpeaker, Verbalized, episode_rng
-from .training import LocalPolicy, tiny_policy
+from .simulators import ApiConfig, episode_rng
 
 # %% auto #0
-__all__ = ['DEFAULT_PERSONAS', 'SCRIPTED_FNS', 'Rotation', 'load_personas', 'PersonaGuided', 'PoolEmpty', 'CheckpointPool',
-           'PoolSpeaker', 'Servers', 'build_speaker', 'build_user']
+__all__ = ['DEFAULT_PERSONAS', 'Rotation', 'load_personas', 'PersonaGuided', 'PoolEmpty', 'CheckpointPool', 'PoolSpeaker',
+           'Servers']
 
 # %% ../nbs/23_sim_modes.ipynb #8d8dc24c
 def _group_key(key: str) -> str: return key.rsplit("/", 1)[0]
@@ -147,24 +146,24 @@ class CheckpointPool:
 
 class PoolSpeaker(Speaker):
     "The user played by a pool checkpoint drawn per step; `current` is the simulator being trained on those turns."
-    def __init__(self, current: LocalPolicy, pool: CheckpointPool, sampling: str = "uniform", seed: int = 0):
+    def __init__(self, current: Speaker, pool: CheckpointPool, sampling: str = "uniform", seed: int = 0):
         self.current, self.pool, self.sampling, self.seed = current, pool, sampling, seed
         self.name, self.trainable = current.name, current.trainable
         self.entry, self._loaded, self._opponent = None, None, None
-        self.engine = None   # optional rollout engine (38_sglang) that plays the drawn entry, its weights loaded from the entry's folder
+        self.engine = None   # optional rollout engine (63_sglang) that plays the drawn entry, its weights loaded from the entry's folder
 
     def reseed(self, seed: int):
         self.seed = seed
         self.current.reseed(seed)
         self.entry = self.pool.sample(np.random.default_rng([seed, 17]), self.sampling)
 
-    def opponent(self) -> LocalPolicy:
+    def opponent(self) -> Speaker:
         "A frozen policy holding the drawn entry's weights (reloaded only when the entry changes)."
         if self.entry is None: self.entry = self.pool.sample(np.random.default_rng([self.seed, 17]), self.sampling)
         if self._loaded != self.entry["id"]:
             model = type(self.current.model).from_pretrained(self.pool.path(self.entry)).eval()
             c = self.current
-            self._opponent = LocalPolicy(model, c.tok, name=f"{c.name}@pool{self.entry['id']}", temperature=c.temperature,
+            self._opponent = type(c)(model, c.tok, name=f"{c.name}@pool{self.entry['id']}", temperature=c.temperature,
                                          max_new_tokens=c.max_new_tokens, seed=self.seed)
             self._opponent.episode_seeded = c.episode_seeded   # the user's `seeding` holds for pool opponents too
             if self.engine is not None:
@@ -196,59 +195,3 @@ class Servers:
         self.servers.clear()
     def __enter__(self): return self
     def __exit__(self, *exc): self.close()
-
-SCRIPTED_FNS = {"echo": echo_user}
-
-def build_speaker(spec: str, sec, env, name: str, seed: int, trainable: bool = False, servers: Servers | None = None) -> Speaker:
-    "A speaker from a model spec: llama:<model>, api:<model>, tiny, scripted:<name>, lab specs (14_lab), shop:<family> (15_shop), a packaged model name or a path."
-    sp = _build_speaker(spec, sec, env, name, seed, trainable, servers)
-    if isinstance(sp, LocalPolicy): sp.episode_seeded = getattr(sec, "seeding", "batch") == "episode"
-    return sp
-
-def _owned(servers: Servers | None, spec: str) -> Servers:
-    "The `Servers` that will stop the llama.cpp server `spec` starts; without one the server would outlive the run."
-    if servers is None:
-        raise ValueError(f"{spec!r} starts a llama.cpp server: pass servers=… from `with Servers() as servers:` so it is stopped")
-    return servers
-
-def _build_speaker(spec: str, sec, env, name: str, seed: int, trainable: bool = False, servers: Servers | None = None) -> Speaker:
-    T, max_new = getattr(sec, "temperature", 0.7), getattr(sec, "max_new_tokens", 64)
-    if spec.startswith("scripted:"): return ScriptedSpeaker(SCRIPTED_FNS[spec.split(":", 1)[1]], name)
-    if spec == "lab-agent" or spec.startswith(("lab:", "lab-user:")):   # the collapse lab's speakers (14_lab)
-        from scope_nb.lab import lab_speaker
-        return lab_speaker(spec, name, seed, trainable, T, max_new, getattr(sec, "hidden", 32), getattr(sec, "layers", 1))
-    if spec.startswith("shop:"):   # a customer family of the shop game (15_shop), served by llama.cpp
-        from scope_nb.shop import shop_speaker
-        return shop_speaker(spec, name, seed, _owned(servers, spec), max_tokens=max_new, timeout=getattr(sec, "timeout", 60.0),
-                            max_retries=getattr(sec, "max_retries", 4), concurrency=getattr(sec, "concurrency", 8))
-    if spec.startswith(("llama:", "api:")):
-        kind, model = spec.split(":", 1)
-        common = dict(timeout=getattr(sec, "timeout", 60.0), max_retries=getattr(sec, "max_retries", 4),
-                      concurrency=getattr(sec, "concurrency", 8), max_tokens=max_new)
-        if kind == "llama": cfg = _owned(servers, spec).api_config(model, **common)
-        else:
-            cfg = ApiConfig(model=model, base_url=getattr(sec, "base_url", "") or None, api_key_env=getattr(sec, "api_key_env", "") or None, **common)
-        return ApiSpeaker(cfg, name=name, temperature=T, seed=seed)
-    kw = dict(name=name, trainable=trainable, temperature=T, max_new_tokens=max_new, seed=seed)
-    if spec == "tiny": return tiny_policy(env.vocab, hidden=getattr(sec, "hidden", 32), layers=getattr(sec, "layers", 1), **kw)
-    from scope_nb.models import load_causal_lm
-    lm = load_causal_lm(spec)
-    return LocalPolicy(lm.model, lm.tokenizer, **kw)
-
-def build_user(sec, env, seed: int, agent: Speaker, servers: Servers, run_dir: Path | None = None) -> Speaker:
-    "The user speaker for `user.mode` (frozen | vs | rotation | persona | pool) or self-play (`user.model = 'same'`)."
-    if sec.model == "same": return agent
-    if sec.mode == "rotation":
-        return Rotation([build_speaker(s, sec, env, f"user-{i}-{s}", seed + i, False, servers) for i, s in enumerate(sec.rotation)],
-                        sec.rotation_per, seed)
-    base = build_speaker(sec.model, sec, env, "user", seed, sec.train, servers)
-    if sec.mode == "frozen": return base
-    if sec.mode == "vs":
-        structured = sec.vs_structured if sec.vs_structured != "auto" else ("json_object_schema" if sec.model.startswith(("llama:", "shop:")) else "json_schema")
-        return Verbalized(base, sec.vs_n, sec.vs_method, sec.vs_attempts, structured, sec.vs_on_failure, seed=seed, share=sec.vs_share)
-    if sec.mode == "persona": return PersonaGuided(base, load_personas(sec.personas), seed)
-    if sec.mode == "pool":
-        pool = CheckpointPool(Path(run_dir) / "pool", sec.pool_size)
-        if not pool.entries: pool.add(base.model, base.tok, 0)  # the initial simulator
-        return PoolSpeaker(base, pool, sec.pool_sampling, seed)
-    raise ValueError(f"user.mode: {sec.mode!r}; use frozen, vs, rotation, persona or pool")

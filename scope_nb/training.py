@@ -188,7 +188,7 @@ class LocalPolicy(Speaker):
                     for r, p in zip(requests, prompts)]
         elif self.episode_seeded:
             gens = [torch.Generator().manual_seed(zlib.crc32(f"{self._step_seed}|{r.key}|{p}".encode())) for r, p in zip(requests, prompts)]
-        if self.engine is not None:   # a rollout engine (e.g. SGLang, 38_sglang): token ids in, token ids and logprobs out
+        if self.engine is not None:   # a rollout engine (e.g. SGLang, 63_sglang): token ids in, token ids and logprobs out
             samples = self.engine.generate(prompts, self.max_new_tokens, T, self.eos_ids)
         else: samples = sample_batch(self.model, prompts, self.max_new_tokens, T, self.eos_ids, self.pad_id, self.generator, gens)
         replies = []

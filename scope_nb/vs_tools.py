@@ -12,7 +12,8 @@ from .config import SpeakerSection
 from .core import atomic_write_text, write_jsonl
 from .envs import make_env
 from .rollout import rollout
-from .sim_modes import Servers, build_speaker
+from .sim_modes import Servers
+from .specs import build_speaker, kind_of
 from .simulators import Verbalized
 
 # %% auto #0
@@ -58,7 +59,7 @@ def simulate_vs(out_dir, env: str = "ask", agent: str = "llama:smollm2", sim: st
     with Servers() as servers:
         a, base = _speakers(e, [(agent, "agent"), (sim, "user")], temperature, max_new_tokens, seed, base_url, api_key_env, servers,
                             timeout, max_retries)
-        if structured == "auto": structured = "json_object_schema" if sim.startswith("llama:") else "json_schema"
+        if structured == "auto": structured = kind_of(sim).structured   # the rule of user.vs_structured = 'auto' (33_specs)
         vs = Verbalized(base, n, method, attempts, structured, on_failure, seed=seed)
         pool = e.tasks("test") or e.tasks("train")
         tasks = [pool[i % len(pool)] for i in range(episodes)]
