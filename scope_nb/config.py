@@ -4,7 +4,7 @@
 
 # %% ../nbs/34_config.ipynb #c37a2532
 from __future__ import annotations
-import dataclasses, difflib, importlib.util, json, math, os, re, tomllib, typing
+import dataclasses, difflib, json, math, os, re, tomllib, typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any

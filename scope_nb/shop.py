@@ -282,7 +282,7 @@ def measure_shop(families=tuple(SHOP_FAMILIES), modes=SHOP_MODES, n: int = 200, 
     `workers` threads each start their own llama.cpp servers (cores / workers CPU threads each), so two cores answer two calls at once;
     they take jobs from one queue, costliest first, so they finish together; the servers keep a prompt cache (`--cache`):
     every intake prompt of a family shares its opening."""
-    import os, queue, time
+    import queue, time
     from concurrent.futures import ThreadPoolExecutor
     from tqdm.auto import tqdm
     from scope_nb.llama_server import llama_threads

@@ -222,7 +222,7 @@ class Verbalized(Speaker):
         self.on_failure, self.extra, self.seed, self.share = on_failure, extra, seed, share
         self.name = name or f"vs-{base.name}"
         self.concurrent, self.api = base.concurrent, base.api
-        self.stats = dict(turns=0, parsed=0, complete=0, fallback_uniform=0, fallback_plain=0, failed=0)
+        self.stats = dict(turns=0, parsed=0, complete=0, fallback_uniform=0, fallback_plain=0, failed=0, shared=0)
 
     def reseed(self, seed: int): self.seed = seed
 
@@ -234,7 +234,7 @@ class Verbalized(Speaker):
         for i, k in enumerate(keys): first.setdefault(k, i)
         props = self.base.propose([requests[i] for i in first.values()], self.n, self.method, self.attempts, self.structured, self.extra, temperature)
         by = dict(zip(first, props))
-        self.stats["shared"] = self.stats.get("shared", 0) + len(requests) - len(first)
+        self.stats["shared"] += len(requests) - len(first)
         # the request that paid for a proposal carries its API cost; the others say whose proposal they drew from
         return [by[k] if first[k] == i else {**by[k], "api": [], "shared_with": requests[first[k]].key} for i, k in enumerate(keys)]
 
