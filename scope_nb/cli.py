@@ -7,11 +7,13 @@ from __future__ import annotations
 import argparse, json, os, platform, sys, time
 from importlib import metadata as md
 from . import __version__
-from .core import Conversation
+from .core import Conversation, parse_settings
+from .specs import UserSettings
+from .verbalized import VSConfig
 from .models import PACKAGED_MODELS, ModelNotFound, cache_dir, generate_chat, load_causal_lm, model_files
 
 # %% auto #0
-__all__ = ['DEMO_SYSTEM', 'devices', 'info_lines', 'demo_conversation', 'main']
+__all__ = ['DEMO_SYSTEM', 'VS_ARGS', 'SPEAKER_ARGS', 'devices', 'info_lines', 'demo_conversation', 'main']
 
 # %% ../nbs/90_cli.ipynb #5d70f661
 def _ver(dist: str) -> str:
@@ -67,6 +69,24 @@ def demo_conversation(model: str = "smollm2", rounds: int = 3, max_new_tokens: i
             echo(f"{speaker:>5} ({time.perf_counter() - t0:4.1f}s): {reply}")
     return conv
 
+# %% ../nbs/90_cli.ipynb #ec5cb237
+# flags of `scope simulate-vs` / `scope collapse-meter` that set a settings field (flag -> field); defaults come from the table
+VS_ARGS = {"n": "n", "method": "method", "attempts": "attempts", "structured": "structured", "on-failure": "on_failure"}
+SPEAKER_ARGS = {"temperature": "temperature", "max-new-tokens": "max_new_tokens", "base-url": "api.base_url",
+                "api-key-env": "api.key_env", "timeout": "api.timeout", "max-retries": "api.max_retries"}
+
+def _settings_args(p, flags: dict, title: str):
+    g = p.add_argument_group(title)
+    for flag, field in flags.items(): g.add_argument(f"--{flag}", default=None, metavar="VALUE", help=f"sets {field}")
+
+def _settings(args, flags: dict, model, prefix: str, **defaults):
+    "The settings table `model` from the flags given (the rest keep `defaults`, then the table's); errors name the key."
+    from scope_nb.config import apply_overrides, ConfigError
+    given = {field: getattr(args, flag.replace("-", "_")) for flag, field in flags.items()}
+    d = apply_overrides(defaults, [f"{field}={v}" for field, v in given.items() if v is not None])
+    return parse_settings(model, d, prefix, ConfigError)
+
+
 # %% ../nbs/90_cli.ipynb #e46cd502
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="scope", description="scope_nb: RL of LLM agents against LLM user simulators.")
@@ -93,20 +113,18 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--colocate", action="store_true", help="--backend ray: engines share their trainer group's GPUs (release memory while it trains)")
     v = sub.add_parser("simulate-vs", help="N dialogues of a frozen agent against a Verbalized Sampling simulator; JSONL + summary")
     v.add_argument("--env", default="ask"); v.add_argument("--agent", default="llama:smollm2"); v.add_argument("--sim", default="llama:smollm2")
-    v.add_argument("--episodes", type=int, default=10); v.add_argument("--n", type=int, default=5)
-    v.add_argument("--method", default="prob", choices=["prob", "random"]); v.add_argument("--attempts", type=int, default=3)
-    v.add_argument("--structured", default="auto"); v.add_argument("--on-failure", default="plain", choices=["plain", "fail"])
-    v.add_argument("--temperature", type=float, default=0.7); v.add_argument("--max-new-tokens", type=int, default=48)
+    v.add_argument("--episodes", type=int, default=10)
     v.add_argument("--seed", type=int, default=0); v.add_argument("--out", default="runs/simulate-vs")
-    v.add_argument("--base-url", default="", help="for api:<model> specs"); v.add_argument("--api-key-env", default="OPENAI_API_KEY",
-                   help="NAME of the environment variable holding the key ('' for none)")
-    v.add_argument("--timeout", type=float, default=60.0); v.add_argument("--max-retries", type=int, default=4)
+    _settings_args(v, VS_ARGS, "[user.vs] settings (scope config docs)")
+    _settings_args(v, SPEAKER_ARGS, "both speakers' settings, as [user] / [user.api] (scope config docs)")
     c = sub.add_parser("collapse-meter", help="estimate a simulator's collapse error at histories a frozen agent visits")
     c.add_argument("--env", default="ask"); c.add_argument("--agent", default="llama:smollm2"); c.add_argument("--sim", default="llama:smollm2")
     c.add_argument("--episodes", type=int, default=4); c.add_argument("--M", type=int, default=20)
-    c.add_argument("--labeler", default="exact", help="exact | yes_no | embedding"); c.add_argument("--temperature", type=float, default=0.7)
-    c.add_argument("--max-new-tokens", type=int, default=32); c.add_argument("--seed", type=int, default=0)
-    c.add_argument("--out", default="runs/collapse-meter.json"); c.add_argument("--base-url", default=""); c.add_argument("--api-key-env", default="OPENAI_API_KEY")
+    c.add_argument("--labeler", default="exact", help="exact | yes_no | embedding"); c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--out", default="runs/collapse-meter.json")
+    _settings_args(c, SPEAKER_ARGS, "both speakers' settings, as [user] / [user.api] (scope config docs)")
+    cf = sub.add_parser("config", help="the run-config reference: every key, its default, range and meaning")
+    cf.add_argument("what", choices=["docs"], help="docs: print the reference as commented TOML")
     rp = sub.add_parser("report", help="figures (PNG+SVG) and a best/final/AUC table from run folders")
     rp.add_argument("runs", nargs="+", help="run folders (runs/<name>)"); rp.add_argument("--out", default="runs/report")
     x = sub.add_parser("experiment", help="the paper's experiments: list, show (write configs), run at the lab / cpu-llm scale")
@@ -201,15 +219,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"run folder: {run_dir}")
         elif args.cmd == "simulate-vs":
             from scope_nb.vs_tools import simulate_vs
-            s = simulate_vs(args.out, args.env, args.agent, args.sim, args.episodes, args.n, args.method, args.attempts, args.structured,
-                            args.on_failure, args.temperature, args.max_new_tokens, args.seed, args.base_url, args.api_key_env or "",
-                            args.timeout, args.max_retries)
+            vs = _settings(args, VS_ARGS, VSConfig, "user.vs")
+            sec = _settings(args, SPEAKER_ARGS, UserSettings, "user", max_new_tokens=48)
+            s = simulate_vs(args.out, args.env, args.agent, args.sim, args.episodes, vs, sec, args.seed)
             print(json.dumps(s, indent=1))
             print(f"wrote {args.out}/episodes.jsonl and {args.out}/summary.json")
         elif args.cmd == "collapse-meter":
             from scope_nb.vs_tools import run_collapse_meter
-            r = run_collapse_meter(args.out, args.env, args.agent, args.sim, args.episodes, args.M, args.labeler, args.temperature,
-                                   args.max_new_tokens, args.seed, args.base_url, args.api_key_env or "")
+            sec = _settings(args, SPEAKER_ARGS, UserSettings, "user")
+            r = run_collapse_meter(args.out, args.env, args.agent, args.sim, args.episodes, args.M, args.labeler, sec, args.seed)
             ci = r.get("eps_ci") or (float("nan"), float("nan"))
             print(f"eps_hat {r['eps_hat']:.3f} [95% CI {ci[0]:.3f}, {ci[1]:.3f}] (per history {[round(x, 3) for x in r['eps_per_history']]}), eps_bar_H {r['eps_bar_H']:.3f}, "
                   f"labeler {r['labeler']}, M {r['M']}; wrote {args.out}")
@@ -238,6 +256,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.experiment == "stop": print("\n".join(stop_recorded(args.arm)))
             else: return launch(args.experiment, args.arm, args.seed, args.settings, args.out, args.gpus, args.base_port, args.dry_run,
                                 trainer=args.trainer)
+        elif args.cmd == "config":
+            from scope_nb.config import config_docs
+            print(config_docs())
         elif args.cmd == "demo":
             if args.conversation: demo_conversation(args.model, rounds=args.rounds, max_new_tokens=args.max_new_tokens, seed=args.seed)
             else:

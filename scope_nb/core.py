@@ -4,16 +4,18 @@
 
 # %% ../nbs/01_core.ipynb #d4816902
 from __future__ import annotations
-import json, math, os, re, socket, tempfile
+import difflib, json, math, os, re, socket, tempfile, typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Literal
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ValidationError as PydanticValidationError
 
 # %% auto #0
-__all__ = ['CHAT_ROLES', 'SPEAKERS', 'STATUSES', 'LOGPROB_TOL', 'ValidationError', 'check', 'ToolCall', 'Message', 'other',
-           'Turn', 'Conversation', 'parse_tool_calls', 'Request', 'Reply', 'Speaker', 'ScriptedSpeaker', 'echo_user',
-           'RoleTrajectory', 'Episode', 'Group', 'group_episodes', 'free_port', 'atomic_write_text', 'write_jsonl',
-           'read_jsonl']
+__all__ = ['CHAT_ROLES', 'SPEAKERS', 'STATUSES', 'LOGPROB_TOL', 'ValidationError', 'check', 'Settings', 'settings_model',
+           'settings_errors', 'parse_settings', 'ToolCall', 'Message', 'other', 'Turn', 'Conversation',
+           'parse_tool_calls', 'Request', 'Reply', 'Speaker', 'ScriptedSpeaker', 'echo_user', 'RoleTrajectory',
+           'Episode', 'Group', 'group_episodes', 'free_port', 'atomic_write_text', 'write_jsonl', 'read_jsonl']
 
 # %% ../nbs/01_core.ipynb #582d8725
 class ValidationError(ValueError):
@@ -56,6 +58,64 @@ def _check_json(x, path: str):
             _check_json(v, _join(path, k))
         return
     check(False, path, f"{type(x).__name__} is not JSON", "use dict, list, str, int, float, bool or None")
+
+# %% ../nbs/01_core.ipynb #215e528d
+class Settings(BaseModel):
+    """Base of every settings table: run-config sections, the study config, VS and GRPO settings.
+
+    Fields are typed (no silent coercion: `"8"` is not an int, `1` is not a bool; ints are accepted as floats),
+    ranged (`Field(ge=..., lt=...)`), documented (`description`, with the paper's value where it has one) and
+    unknown keys are refused. Assignment is validated too."""
+    model_config = ConfigDict(extra="forbid", strict=True, validate_assignment=True, allow_inf_nan=False)
+
+def settings_model(tp):
+    "The Settings class inside an annotation (`X`, `list[X]`, `X | None`), if any (how nested tables are found)."
+    if isinstance(tp, type) and issubclass(tp, BaseModel): return tp
+    for a in typing.get_args(tp):
+        m = settings_model(a)
+        if m is not None: return m
+    return None
+
+def _model_at(model, loc) -> type | None:
+    "The Settings class that owns the last key of `loc` (a pydantic error location)."
+    for part in loc:
+        if isinstance(part, int) or model is None: continue
+        f = model.model_fields.get(part)
+        if f is None: return None
+        model = settings_model(f.annotation)
+    return model
+
+def settings_errors(err: PydanticValidationError, model: type, prefix: str = "") -> list[str]:
+    "One line per problem in `err`, each starting with the dotted key and ending with what to do."
+    out = []
+    for e in err.errors():
+        loc = tuple(e["loc"])
+        key = prefix
+        for part in loc: key = _join(key, part)
+        key = key or prefix or "config"
+        owner, leaf = _model_at(model, loc[:-1]), loc[-1] if loc else None
+        if e["type"] == "extra_forbidden":
+            names = list(owner.model_fields) if owner else []
+            close = difflib.get_close_matches(str(leaf), names, 1)
+            where = key.rsplit(".", 1)[0] if "." in key else "top level"
+            hint = f"; did you mean {key.rsplit('.', 1)[0] + '.' + close[0] if '.' in key else close[0]!r}?" if close else ""
+            out.append(f"{key}: unknown key{hint} (allowed in [{where}]: {', '.join(names)})")
+            continue
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] in ("value_error", "assertion_error") and not loc:
+            out.append(msg)
+            continue
+        info = owner.model_fields.get(leaf) if owner is not None and isinstance(leaf, str) else None
+        what = f" ({info.description})" if info is not None and info.description else ""
+        shown = "" if e["type"] == "missing" else f" = {e['input']!r}"
+        out.append(f"{key}{shown}: {msg[:1].lower() + msg[1:]}{what}")
+    return out
+
+def parse_settings(model: type, d: Any, prefix: str = "", error: type = ValueError):
+    "Build `model` from a nested dict; every problem is reported in one `error` whose lines start with the dotted key."
+    if not isinstance(d, dict): raise error(f"{prefix or 'config'}: expected a table of settings, got {type(d).__name__}")
+    try: return model.model_validate(d)
+    except PydanticValidationError as e: raise error("\n".join(settings_errors(e, model, prefix))) from None
 
 # %% ../nbs/01_core.ipynb #5eb47e9e
 CHAT_ROLES = ("system", "user", "assistant", "tool")
@@ -260,12 +320,12 @@ class Speaker:
     trainable: bool = False
     concurrent: bool = False  # run in a thread next to local generation (API clients)
     api: bool = False         # time spent here counts as simulator API time
+    vs_format: str = "json_schema"   # the VS answer format used when vs.structured = 'auto' (its spec kind sets it, 33_specs)
     def respond(self, requests: list[Request], temperature: float | None = None) -> list[Reply]: raise NotImplementedError
     def reseed(self, seed: int) -> None: "Reset any sampling randomness (called at the start of every step)."
 
-    def propose(self, requests: list[Request], n: int = 5, method: str = "prob", attempts: int = 3,
-                structured: str = "json_schema", extra: str = "", temperature: float | None = None) -> list[dict]:
-        "Verbalized candidates: per request a dict with `parse` (a `VSParse`), `attempts`, `errors` and `api` (call info)."
+    def propose(self, requests: list[Request], vs, extra: str = "", temperature: float | None = None) -> list[dict]:
+        "Verbalized candidates for `vs` (a `VSConfig`, 03_verbalized): per request a dict with `parse` (a `VSParse`), `attempts`, `errors`, `api`."
         raise NotImplementedError(f"{self.name}: this speaker cannot verbalize (no `propose`); Verbalized Sampling "
                                   f"(user.mode = 'vs') needs an api:, llama:, lab: or chat shop: simulator")
 

@@ -74,15 +74,15 @@ LAB_METHODS = [
     Arm("base", "Base", {"run": dict(steps=0)}),
     Arm("rl-single", "RL (Single)"),
     Arm("persona", "RL + Persona-Guided", {"user": dict(mode="persona")}),
-    Arm("ensemble", "RL + Ensemble (K=3)", {"user": dict(mode="rotation", rotation=[f"lab:{f}@4" for f in SEEN_FAMILIES])}),
-    Arm("vs", "RL + VS", {"user": dict(mode="vs", vs_n=5)}),
+    Arm("ensemble", "RL + Ensemble (K=3)", {"user": dict(mode="rotation", rotation=dict(models=[f"lab:{f}@4" for f in SEEN_FAMILIES]))}),
+    Arm("vs", "RL + VS", {"user": dict(mode="vs", vs=dict(n=5))}),
     Arm("co-training", "Co-Training", {"user": _COTRAIN}),
-    Arm("population", "Population Co-Training (K=5)", {"user": dict(_COTRAIN, mode="pool", pool_size=5, pool_every=4)}),
+    Arm("population", "Population Co-Training (K=5)", {"user": dict(_COTRAIN, mode="pool", pool=dict(size=5, every=4))}),
     # controls (see "Controls" above): the same simulator frozen, and the co-trained simulators started collapsed
     Arm("frozen-uncollapsed", "Control: RL vs the frozen base user", {"user": dict(model="lab-user:frugal")}),
     Arm("cotrain-from-collapsed", "Control: Co-Training from a collapsed user", {"user": dict(_COTRAIN, model="lab-user:frugal@4")}),
     Arm("population-from-collapsed", "Control: Population from a collapsed user",
-        {"user": dict(_COTRAIN, model="lab-user:frugal@4", mode="pool", pool_size=5, pool_every=4)}),
+        {"user": dict(_COTRAIN, model="lab-user:frugal@4", mode="pool", pool=dict(size=5, every=4))}),
 ]
 LAB_COMPARISONS = [
     ("ensemble", "rl-single", "the paper's comparison: mixing three collapsed families vs one"),
@@ -121,7 +121,7 @@ SHOP_BASE = {
     "run": dict(steps=20),
     "env": dict(name="shop", max_turns=2),
     "agent": dict(model="smollm2", train=True, temperature=1.0, max_new_tokens=8),
-    "user": dict(model="shop:fashion-cold", max_new_tokens=8, concurrency=4),
+    "user": dict(model="shop:fashion-cold", max_new_tokens=8, api=dict(concurrency=4)),
     "grpo": dict(lr=2e-4, batch_tasks=8, group_size=4, micro_batch=16, kl_coef=0.0, train_only=SHOP_TOP),
     "eval": dict(every=10, tasks=16, samples=1, agent_temperature=1.0, panel=shop_panel()),
     "checkpoint": dict(every=20, keep=1),
@@ -129,9 +129,9 @@ SHOP_BASE = {
 SHOP_METHODS = [
     Arm("base", "Base", {"run": dict(steps=0)}),
     Arm("rl-single", "RL (Single)"),
-    Arm("ensemble", "RL + Ensemble (K=3)", {"user": dict(mode="rotation", rotation=[f"shop:{f}" for f in SHOP_SEEN])}),
-    # one VS proposal per task, drawn per episode (user.vs_share: 20_simulators): the customer speaks once, so G calls become 1
-    Arm("vs", "RL + VS", {"user": dict(mode="vs", vs_n=5, vs_share=True)}),
+    Arm("ensemble", "RL + Ensemble (K=3)", {"user": dict(mode="rotation", rotation=dict(models=[f"shop:{f}" for f in SHOP_SEEN]))}),
+    # one VS proposal per task, drawn per episode (user.vs.share: 20_simulators): the customer speaks once, so G calls become 1
+    Arm("vs", "RL + VS", {"user": dict(mode="vs", vs=dict(n=5, share=True))}),
     Arm("co-training", "Co-Training", {"user": dict(model="smollm2", train=True, reward="adversarial", temperature=0.7)}),
 ]
 SHOP_COMPARISONS = [("ensemble", "rl-single", "the paper's comparison on real models: three families vs the most collapsed one"),
@@ -141,12 +141,12 @@ SHOP_COMPARISONS = [("ensemble", "rl-single", "the paper's comparison on real mo
 
 CPU_LLM_METHODS = [
     Arm("rl-single", "RL (Single)"),
-    Arm("ensemble", "RL + Ensemble (K=2)", {"user": dict(mode="rotation", rotation=["llama:smollm2", "llama:gemma3-270m"])}),
-    Arm("vs", "RL + VS", {"user": dict(mode="vs", vs_n=3)}),
+    Arm("ensemble", "RL + Ensemble (K=2)", {"user": dict(mode="rotation", rotation=dict(models=["llama:smollm2", "llama:gemma3-270m"]))}),
+    Arm("vs", "RL + VS", {"user": dict(mode="vs", vs=dict(n=3))}),
     Arm("co-training", "Co-Training", {"user": dict(model="smollm2", train=True, reward="adversarial")}),
 ]
 
-ROUTER = dict(base_url="https://openrouter.ai/api/v1", api_key_env="OPENROUTER_API_KEY")
+ROUTER = dict(api=dict(base_url="https://openrouter.ai/api/v1", key_env="OPENROUTER_API_KEY"))
 PAPER_PANEL = ([dict(name=n, model=f"api:{m}", seen=True, temperature=0.7) for n, m in
                 (("gpt-5-mini", "openai/gpt-5-mini"), ("haiku-4.5", "anthropic/claude-haiku-4.5"), ("gemini-3-flash", "google/gemini-3-flash"))] +
                [dict(name=n, model=f"api:{m}", seen=False, temperature=0.7) for n, m in
@@ -172,21 +172,21 @@ def gpu_methods(env: str) -> list[Arm]:
     arms = [Arm("base", "Base", {"run": dict(steps=0)}),
             Arm("rl-single", "RL (Single)", {}, rel(5e-7, 1000, 0.01)),
             Arm("persona", "RL + Persona-Guided", {"user": dict(mode="persona")}, rel(1e-6, 1000, 0.01)),
-            Arm("ensemble", "RL + Ensemble (K=3)", {"user": dict(mode="rotation", rotation=[p["model"] for p in PAPER_PANEL[:3]])}, rel(1e-6, 100, 0.01)),
-            Arm("vs", "RL + VS", {"user": dict(mode="vs", vs_n=5)}, rel(1e-6, 100, 0.01)),
+            Arm("ensemble", "RL + Ensemble (K=3)", {"user": dict(mode="rotation", rotation=dict(models=[p["model"] for p in PAPER_PANEL[:3]]))}, rel(1e-6, 100, 0.01)),
+            Arm("vs", "RL + VS", {"user": dict(mode="vs", vs=dict(n=5))}, rel(1e-6, 100, 0.01)),
             Arm("co-training", "Co-Training", {"user": dict(model="Qwen/Qwen3-4B-Instruct-2507", train=True, reward=sim_reward)}, rel(1e-6, 500, 0.005)),
             Arm("population", "Population Co-Training (K=5)", {"user": dict(model="Qwen/Qwen3-4B-Instruct-2507", train=True, reward=sim_reward,
-                                                                           mode="pool", pool_size=5, pool_every=4)},
-                merge(rel(1e-6, 100, 0.01), {"user": dict(pool_size=10, pool_every=16)}))]
+                                                                           mode="pool", pool=dict(size=5, every=4))},
+                merge(rel(1e-6, 100, 0.01), {"user": dict(pool=dict(size=10, every=16))}))]
     return [a for a in arms if not (env == "p4g" and a.name == "persona")]   # P4G already conditions on personas (Table 1: N/A)
 
 # %% ../nbs/40_experiments.ipynb #5acac1f8
 def _pool_arms(ks=(1, 3, 5, 10)) -> list[Arm]:
-    return [Arm(f"pool-k{k}", f"Population K={k}", {"user": dict(_COTRAIN, mode="pool", pool_size=k, pool_every=4)}) for k in ks]
+    return [Arm(f"pool-k{k}", f"Population K={k}", {"user": dict(_COTRAIN, mode="pool", pool=dict(size=k, every=4))}) for k in ks]
 
 def _reward_arms() -> list[Arm]:
     return ([Arm("ensemble", "RL + Ensemble (K=3)", next(a for a in LAB_METHODS if a.name == "ensemble").overrides)] +
-            [Arm(f"pop-{r}", f"Population ({r})", {"user": dict(_COTRAIN, reward=r, mode="pool", pool_size=5, pool_every=4)})
+            [Arm(f"pop-{r}", f"Population ({r})", {"user": dict(_COTRAIN, reward=r, mode="pool", pool=dict(size=5, every=4))})
              for r in ("adversarial", "cooperative", "curriculum")])
 
 def _table1(env: str, paper: str) -> Experiment:
@@ -203,7 +203,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
     Experiment("collapse-lab", 2, "Table 1 (lab)", "the lab comparison of every method against the most modal simulator, with controls",
                {"lab": (LAB_BASE, LAB_METHODS)}, comparisons=LAB_COMPARISONS),
     Experiment("vs-recovery", 1, "Table 1, VS row (lab)", "RL + VS with the lab's VS recovery ρ swept from 0 to 1",
-               {"lab": (LAB_BASE, [Arm(f"vs-rho{r:g}", f"RL + VS, ρ={r:g}", {"user": dict(mode="vs", vs_n=5, model=f"lab:frugal@4/rho={r:g}")})
+               {"lab": (LAB_BASE, [Arm(f"vs-rho{r:g}", f"RL + VS, ρ={r:g}", {"user": dict(mode="vs", vs=dict(n=5), model=f"lab:frugal@4/rho={r:g}")})
                                    for r in (0, 0.25, 0.5, 0.75, 1)])},
                comparisons=[(f"vs-rho{r:g}", "vs-rho0", "recovery ρ vs none") for r in (0.25, 0.5, 0.75, 1)],
                sweep=dict(x="VS recovery ρ", values={f"vs-rho{r:g}": r for r in (0, 0.25, 0.5, 0.75, 1)})),
@@ -229,7 +229,7 @@ EXPERIMENTS: dict[str, Experiment] = {e.name: e for e in [
                {"lab": (LAB_BASE, _pool_arms()),
                 "gpu": (gpu_base("tau2-retail"), [Arm(a.name, a.method, {"user": dict(a.overrides["user"], model="Qwen/Qwen3-4B-Instruct-2507")}) for a in _pool_arms()])}),
     Experiment("fig19-diagnostics", 1, "Figure 19", "training diagnostics with the direct collapse meter every 10 steps",
-               {"lab": (merge(LAB_BASE, {"eval": dict(collapse_every=10, collapse_histories=16, collapse_M=32)}),
+               {"lab": (merge(LAB_BASE, {"eval": dict(collapse=dict(every=10, histories=16, draws=32))}),
                         [a for a in LAB_METHODS if a.name in ("rl-single", "vs", "ensemble", "co-training", "population")])}),
     Experiment("fig27-sim-reward", 1, "Figure 27", "simulator reward (adversarial, cooperative, curriculum) for Population Co-Training vs the K=3 ensemble",
                {"lab": (LAB_BASE, _reward_arms())}),

@@ -5,10 +5,11 @@
 # %% ../nbs/32_grpo.ipynb #c086bc29
 from __future__ import annotations
 import copy, math
-from dataclasses import dataclass, field
+from typing import Literal
 import numpy as np
 import torch
-from .core import Episode, RoleTrajectory, group_episodes
+from pydantic import Field, field_validator
+from .core import Episode, RoleTrajectory, group_episodes, Settings
 from .training import LocalPolicy, first_scored, token_logprobs
 
 # %% auto #0
@@ -41,23 +42,30 @@ def clipped_surrogate(logp, old_logp, adv, clip_low: float = 0.2, clip_high: flo
     return torch.minimum(unclipped, clipped), (clipped < unclipped)
 
 # %% ../nbs/32_grpo.ipynb #e7910270
-@dataclass
-class GRPOConfig:
-    lr: float = 1e-6
-    advantage: str = "zscore"
-    clip_low: float = 0.2
-    clip_high: float = 0.28
-    kl_coef: float = 0.005
-    entropy_coef: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.98)
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    micro_batch: int = 8
-    updates_per_batch: int = 1
-    mask_truncated: bool = False
-    flip_advantage: bool = False  # negative control: train against the advantage (must make learning fail)
-    optimizer: str = "adamw"      # adamw (the paper's) | sgd (plain gradient steps: no per-parameter normalisation)
-    train_only: list[str] = field(default_factory=list)   # parameter-name prefixes to train (empty: all), e.g. ["lm_head"]
+class GRPOConfig(Settings):
+    "The update's settings (the `[grpo]` table of a run config, with the batch shape added in `34_config`); paper values from Table 6."
+    lr: float = Field(1e-6, gt=0, le=1, description="learning rate, constant (paper Table 6: 1e-6)")
+    advantage: Literal[ADVANTAGES] = Field("zscore", description="group-relative advantage (Eq. 2): zscore (r − mean)/std, "
+                                                                 "mean r − mean (no std), raw r (no baseline)")
+    clip_low: float = Field(0.2, gt=0, lt=1, description="the ratio is clipped below at 1 − clip_low (Eq. 2; paper Table 6: 0.2)")
+    clip_high: float = Field(0.28, gt=0, le=10, description="the ratio is clipped above at 1 + clip_high (DAPO clip-higher; paper Table 6: 0.28)")
+    kl_coef: float = Field(0.005, ge=0, description="β of the k3 KL to the frozen reference policy (paper Table 6: 0.005)")
+    entropy_coef: float = Field(0.0, ge=0, description="entropy bonus weight (the paper uses none)")
+    betas: tuple[float, float] = Field((0.9, 0.98), strict=False, description="Adam's β1, β2 (paper Table 6: 0.9, 0.98)")
+    weight_decay: float = Field(0.1, ge=0, description="AdamW weight decay (paper Table 6: 0.1)")
+    grad_clip: float = Field(1.0, gt=0, description="gradient-norm clip (paper Table 6: 1.0)")
+    micro_batch: int = Field(8, ge=1, description="streams per forward/backward pass (memory, not maths)")
+    updates_per_batch: int = Field(1, ge=1, description="optimizer steps per rollout batch (1: on-policy, the paper's)")
+    mask_truncated: bool = Field(False, description="drop episodes cut at the token limit from the loss")
+    flip_advantage: bool = Field(False, description="negative control: train against the advantage (must make learning fail)")
+    optimizer: Literal["adamw", "sgd"] = Field("adamw", description="adamw (the paper's) or sgd (no per-parameter normalisation)")
+    train_only: list[str] = Field(default_factory=list, description="parameter-name prefixes to train (empty: all), e.g. ['lm_head']")
+
+    @field_validator("betas")
+    @classmethod
+    def _betas(cls, v):
+        if not all(0 <= b < 1 for b in v): raise ValueError("Adam's betas lie in [0, 1)")
+        return v
 
 def freeze_except(model, prefixes) -> int:
     "Train only parameters whose names start with one of `prefixes` (grpo.train_only); returns how many tensors stay trainable."

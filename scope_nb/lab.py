@@ -14,7 +14,7 @@ from .envs import Env, EnvState, Task
 from .simulators import episode_rng
 from .theory import sharpen
 from .training import tiny_policy
-from .verbalized import VSParse
+from .verbalized import VSConfig, VSParse
 
 # %% auto #0
 __all__ = ['CONCERNS', 'PITCHES', 'ADDRESSES', 'ASK', 'TOPICS', 'LAB_VOCAB', 'FAMILIES', 'SEEN_FAMILIES', 'UNSEEN_FAMILIES',
@@ -135,9 +135,11 @@ class LabSimulator(Speaker):
             out.append(Reply(CONCERNS[k], n_tokens=1, info={"model": self.name}))
         return out
 
-    def propose(self, requests, n: int = 5, method: str = "prob", attempts: int = 3, structured: str = "none",
-                extra: str = "", temperature: float | None = None) -> list[dict]:
-        "Verbalized candidates: the n likeliest concerns with their probabilities under γ_vs = γ − ρ(γ − 1)."
+    vs_format = "none"   # answers are built here, no server format
+
+    def propose(self, requests, vs, extra: str = "", temperature: float | None = None) -> list[dict]:
+        "Verbalized candidates: the `vs.n` likeliest concerns with their probabilities under γ_vs = γ − ρ(γ − 1)."
+        n, method = vs.n, vs.method
         g_vs = self.gamma - self.vs_recovery * (self.gamma - 1)
         out = []
         for r in requests:
@@ -149,7 +151,7 @@ class LabSimulator(Speaker):
         return out
 
 # %% ../nbs/14_lab.ipynb #0af4b384
-def measure_lab_simulators(specs, n: int = 2000, vs_n: int = 5, seed: int = 0) -> list[dict]:
+def measure_lab_simulators(specs, n: int = 2000, vs: VSConfig | None = None, seed: int = 0) -> list[dict]:
     "Per lab simulator spec: TV to its family's reference p_f and ε, from n sampled replies, plain and through Verbalized."
     from scope_nb.simulators import Verbalized
     from scope_nb.core import Request
@@ -158,7 +160,7 @@ def measure_lab_simulators(specs, n: int = 2000, vs_n: int = 5, seed: int = 0) -
         fam, g, rho = parse_lab_spec(spec)
         sim = LabSimulator(fam, g, seed=seed, vs_recovery=rho)
         reqs = [Request([{"role": "system", "content": "listen school"}, {"role": "user", "content": ASK}], key=f"m/{i}", turn=1) for i in range(n)]
-        for mode, sp in (("plain", sim), ("vs", Verbalized(sim, n=vs_n, seed=seed))):
+        for mode, sp in (("plain", sim), ("vs", Verbalized(sim, vs, seed=seed))):
             said = [r.content for r in sp.respond(reqs)]
             counts = np.array([said.count(c) for c in CONCERNS], float)
             p = counts / counts.sum()

@@ -10,7 +10,7 @@ from pathlib import Path
 from .config import ConfigError, to_toml
 from .core import atomic_write_text
 from .experiments import EXPERIMENTS, experiment_dicts, get_experiment
-from .specs import kind_of
+from .specs import kind_of, UserSettings
 
 # %% auto #0
 __all__ = ['GPUS_PER_NODE', 'LAYOUTS', 'Group', 'LaunchPlan', 'plan_launch', 'sglang_layout', 'layout_files', 'visible_gpus',
@@ -81,9 +81,9 @@ def plan_launch(experiment: str, arm: str, seed: int = 0, settings: str = "paper
     per = gpus // len(roles)
     groups = [Group(r, m, list(range(i * per, (i + 1) * per)), [base_port + 100 * i + k for k in range(per)]) for i, (r, m) in enumerate(roles)]
     u = cfg["user"]
-    specs = [u["model"]] + list(u.get("rotation", [])) + [p["model"] for p in cfg["eval"]["panel"]]
+    specs = [u["model"]] + list(u.get("rotation", {}).get("models", [])) + [p["model"] for p in cfg["eval"]["panel"]]
     api = sorted({s.split(":", 1)[1] for s in specs if kind_of(s).api})
-    env_vars = sorted({u.get("api_key_env", "")} - {""}) if api else []
+    env_vars = sorted({u.get("api", {}).get("key_env", UserSettings().api.key_env)} - {""}) if api else []
     run_dir = Path(cfg["run"]["out_dir"]) / cfg["run"]["name"]
     procs = [["ray", "start", "--head", f"--port={base_port - 1}", f"--num-gpus={gpus}", "--include-dashboard=false", "--block"]]
     for g in groups:

@@ -8,10 +8,10 @@ import json, math, os, shutil, time
 from pathlib import Path
 import numpy as np
 import torch
-from .config import Config, ConfigError, PanelEntry, SpeakerSection, to_dict, to_toml, load_config
+from .config import Config, ConfigError, PanelEntry, to_dict, to_toml, load_config
 from .core import atomic_write_text, Speaker, write_jsonl
 from .envs import Env, make_env
-from .grpo import GRPOConfig, GRPOTrainer, group_stats, role_items
+from .grpo import GRPOTrainer, group_stats, role_items
 from .rollout import rollout
 from .theory import curriculum_reward
 from .sim_modes import PoolSpeaker, Servers
@@ -165,7 +165,7 @@ def _train(cfg: Config, resume: bool, progress: bool, servers: Servers, backend=
     env, agent, user = build_run_speakers(cfg, servers)
     speakers = {"agent": agent, "user": user}
     roles = tuple(r for r in ("agent", "user") if getattr(cfg, r).train)
-    gcfg = GRPOConfig(**{k: getattr(cfg.grpo, k) for k in GRPOConfig.__dataclass_fields__})
+    gcfg = cfg.grpo   # a GRPOConfig (32_grpo) with the batch shape added
     trainers, plays = {}, {}
     for r in roles:
         sp = speakers[r].current if isinstance(speakers[r], PoolSpeaker) else speakers[r]
@@ -218,12 +218,12 @@ def _train(cfg: Config, resume: bool, progress: bool, servers: Servers, backend=
                 prefix = "train" if "agent" in plays[name] else "sim"
                 row.update({f"{prefix}/{k}": st[k] for k in ("entropy", "kl", "clipfrac", "grad_norm", "loss", "tokens")})
             row["time/train"] = time.perf_counter() - t0
-            if cfg.eval.collapse_every and step % cfg.eval.collapse_every == 0:  # direct collapse meter (24_collapse)
+            if cfg.eval.collapse.every and step % cfg.eval.collapse.every == 0:  # direct collapse meter (24_collapse)
                 from scope_nb.collapse import collapse_meter, user_histories
-                hist = user_histories([e for e in eps if e.status != "failed"], cfg.eval.collapse_histories)
+                hist = user_histories([e for e in eps if e.status != "failed"], cfg.eval.collapse.histories)
                 if hist:
                     user.reseed(_seed(cfg.run.seed, step, 30_000))
-                    rep = collapse_meter(user, hist, cfg.eval.collapse_M, cfg.eval.collapse_labeler, cfg.user.temperature)
+                    rep = collapse_meter(user, hist, cfg.eval.collapse.draws, cfg.eval.collapse.labeler, cfg.user.temperature)
                     row["sim/collapse_eps"], row["sim/collapse_eps_bar_H"] = rep.eps_hat, rep.eps_bar_H
                     if rep.eps_ci: row["sim/collapse_eps_lo"], row["sim/collapse_eps_hi"] = rep.eps_ci
             scored = [e for e in eps if e.status != "failed"]
@@ -237,7 +237,7 @@ def _train(cfg: Config, resume: bool, progress: bool, servers: Servers, backend=
             t0 = time.perf_counter()
             row.update(evaluate(cfg, env, agent, panel, step, run_dir))
             row["time/eval"] = time.perf_counter() - t0
-        if isinstance(user, PoolSpeaker) and step > 0 and step % cfg.user.pool_every == 0:
+        if isinstance(user, PoolSpeaker) and step > 0 and step % cfg.user.pool.every == 0:
             user.pool.add(user.current.model, user.current.tok, step)   # dropped again on resume if this step is replayed
             row["sim/pool_size"] = len(user.pool.entries)
         row["time/step"], row["wall_time"] = time.perf_counter() - t_step, time.time()

@@ -199,13 +199,15 @@ class ShopSimulator(Speaker):
             out.append(Reply(text, failed=c.failed, error=c.error, n_tokens=c.completion_tokens, info={"api": c.info(), "family": self.name}))
         return out
 
-    def propose(self, requests, n: int = 5, method: str = "prob", attempts: int = 3, structured: str = "json_object_schema",
-                extra: str = "", temperature: float | None = None) -> list[dict]:
+    vs_format = "json_object_schema"   # llama.cpp's grammar for a JSON object with a schema
+
+    def propose(self, requests, vs, extra: str = "", temperature: float | None = None) -> list[dict]:
         "Verbalized candidates from a chat family (Verbalized Sampling needs a model that writes JSON through its chat template)."
         if self.family.style != "chat":
             raise ValueError(f"{self.name}: Verbalized Sampling needs a chat family; {self.family.model} is a base model without a chat template")
         reqs = [Request(self.prompt(r.messages), None, r.tools, r.turn, r.key, r.group, r.sample) for r in requests]
-        return self.api_speaker.propose(reqs, n, method, attempts, structured, extra, self.family.temperature)
+        if vs.structured == "auto": vs = vs.model_copy(update={"structured": self.vs_format})
+        return self.api_speaker.propose(reqs, vs, extra, self.family.temperature)
 
 def shop_speaker(spec: str, name: str, seed: int, servers, max_tokens: int = 8, **api_kw) -> ShopSimulator:
     "A `ShopSimulator` for `shop:<family>`, its model served by `servers` (`23_sim_modes.Servers`); `api_kw`: timeout, max_retries, concurrency."
@@ -251,7 +253,7 @@ def measure_family(sim: ShopSimulator, mode: str, n: int = 200, vs_calls: int = 
     "Per-call outcome weights of one family in one mode (plain | persona | vs-prob | vs-random), with examples and VS parse counts."
     from scope_nb.simulators import episode_rng
     from scope_nb.sim_modes import DEFAULT_PERSONAS, PersonaGuided
-    from scope_nb.verbalized import vs_draw
+    from scope_nb.verbalized import VSConfig, vs_draw
     if mode in ("plain", "persona"):
         sp = sim if mode == "plain" else PersonaGuided(sim, list(DEFAULT_PERSONAS), seed)
         reps = sp.respond(_intake_requests(n, mode))
@@ -260,7 +262,7 @@ def measure_family(sim: ShopSimulator, mode: str, n: int = 200, vs_calls: int = 
                     examples=[r.content for r in ok[:6]], error=next((r.error for r in reps if r.failed), None))
     method = mode.split("-", 1)[1]
     reqs = _intake_requests(vs_calls, mode)
-    props, X, parsed, fallback = sim.propose(reqs, vs_n, method), [], 0, []
+    props, X, parsed, fallback = sim.propose(reqs, VSConfig(n=vs_n, method=method)), [], 0, []
     for r, pr in zip(reqs, props):
         pa = pr["parse"]
         if pa.ok:

@@ -20,8 +20,8 @@ def _group_key(key: str) -> str: return key.rsplit("/", 1)[0]
 class Rotation(Speaker):
     "A rotation over frozen member speakers; one member per episode (per sample) or per group."
     def __init__(self, members: list[Speaker], per: str = "sample", seed: int = 0, name: str | None = None):
-        if per not in ("sample", "group"): raise ValueError(f"user.rotation_per: {per!r}; use 'sample' or 'group'")
-        if not members: raise ValueError("user.rotation: give at least one member")
+        if per not in ("sample", "group"): raise ValueError(f"user.rotation.per: {per!r}; use 'sample' or 'group'")
+        if not members: raise ValueError("user.rotation.models: give at least one member")
         self.members, self.per, self.seed = members, per, seed
         self.name = name or "rotation(" + ",".join(m.name for m in members) + ")"
         self.concurrent = any(m.concurrent for m in members); self.api = any(m.api for m in members)
@@ -60,9 +60,9 @@ def load_personas(spec: str = "default") -> list[str]:
     "Personas from the built-in set ('default') or a text file with one persona per line."
     if spec in ("", "default"): return list(DEFAULT_PERSONAS)
     p = Path(spec)
-    if not p.exists(): raise ValueError(f"user.personas: {spec!r} is neither 'default' nor an existing file (one persona per line)")
+    if not p.exists(): raise ValueError(f"user.persona.source: {spec!r} is neither 'default' nor an existing file (one persona per line)")
     out = [l.strip() for l in p.read_text().splitlines() if l.strip()]
-    if not out: raise ValueError(f"user.personas: {spec} has no personas")
+    if not out: raise ValueError(f"user.persona.source: {spec} has no personas")
     return out
 
 class PersonaGuided(Speaker):
@@ -97,7 +97,7 @@ class PoolEmpty(LookupError):
 class CheckpointPool:
     "FIFO pool of model checkpoints, one folder per entry, with a manifest on disk."
     def __init__(self, root, size: int = 5):
-        if size < 1: raise ValueError(f"user.pool_size must be >= 1, got {size}")
+        if size < 1: raise ValueError(f"user.pool.size must be >= 1, got {size}")
         self.root, self.size = Path(root), size
         self.root.mkdir(parents=True, exist_ok=True)
         self.refresh()
@@ -137,9 +137,9 @@ class CheckpointPool:
     def sample(self, rng: np.random.Generator, how: str = "uniform") -> dict:
         "An entry: uniformly at random or the latest."
         if not self.entries: raise PoolEmpty(f"checkpoint pool {self.root} is empty; it fills with the simulator's weights every "
-                                             f"user.pool_every steps (and with the initial weights when training starts)")
+                                             f"user.pool.every steps (and with the initial weights when training starts)")
         if how == "latest": return self.entries[-1]
-        if how != "uniform": raise ValueError(f"user.pool_sampling: {how!r}; use 'uniform' or 'latest'")
+        if how != "uniform": raise ValueError(f"user.pool.sampling: {how!r}; use 'uniform' or 'latest'")
         return self.entries[int(rng.integers(len(self.entries)))]
 
     def path(self, entry: dict) -> Path: return self.root / entry["path"]

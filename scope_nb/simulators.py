@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 import numpy as np
 from .core import parse_tool_calls, Reply, Request, Speaker, ToolCall
-from .verbalized import parse_vs, vs_draw, vs_instructions, vs_response_format, VSParse
+from .verbalized import parse_vs, vs_draw, vs_instructions, vs_response_format, VSConfig, VSParse
 
 # %% auto #0
 __all__ = ['run_coro', 'retry_after_seconds', 'ApiConfig', 'request_seed', 'CallResult', 'ApiSpeaker', 'episode_rng',
@@ -178,12 +178,14 @@ class ApiSpeaker(Speaker):
             out.append(Reply(content, calls, failed=r.failed, error=r.error, n_tokens=r.completion_tokens, info={"api": r.info()}))
         return out
 
-    def propose(self, requests, n: int = 5, method: str = "prob", attempts: int = 3, structured: str = "json_schema",
-                extra: str = "", temperature: float | None = None) -> list[dict]:
+    def propose(self, requests, vs: VSConfig, extra: str = "", temperature: float | None = None) -> list[dict]:
         "Verbalized proposals: per request a dict with `parse` (VSParse), `attempts`, `errors`, `api` (call info)."
         T = self.temperature if temperature is None else temperature
+        n = vs.n
+        structured = self.vs_format if vs.structured == "auto" else vs.structured
         # a grammar-constrained answer must fit the token budget: bound each candidate's length (llama.cpp honours it)
-        fmt, block = vs_response_format(n, method, structured, max_chars=3 * self.cfg.max_tokens), vs_instructions(n, method, extra)
+        fmt = vs_response_format(n, vs.method, structured, max_chars=3 * self.cfg.max_tokens)
+        block = vs_instructions(n, vs.method, extra)
         def vs_messages(msgs):
             msgs = [dict(m) for m in msgs]
             if msgs and msgs[0]["role"] == "system": msgs[0]["content"] = (msgs[0]["content"] or "") + "\n\n" + block
@@ -191,7 +193,7 @@ class ApiSpeaker(Speaker):
             return msgs
         out = [dict(parse=VSParse(error="no_json"), attempts=0, errors=[], api=[]) for _ in requests]
         todo = list(range(len(requests)))
-        for a in range(attempts):
+        for a in range(vs.attempts):
             if not todo: break
             budget = (self.cfg.max_tokens + 24) * n + 64  # n replies plus the JSON around them
             results = self.complete([(vs_messages(requests[i].messages), T, budget, fmt, None, self.seed_for(requests[i], 1000 * (a + 1)))
@@ -214,12 +216,15 @@ def episode_rng(seed: int, key: str, turn: int) -> np.random.Generator:
     return np.random.default_rng([seed % 2**32, zlib.crc32(key.encode()), turn])
 
 class Verbalized(Speaker):
-    "Verbalized Sampling: ask `base.propose` for n candidates with probabilities and draw one with the run's seeded RNG."
-    def __init__(self, base: Speaker, n: int = 5, method: str = "prob", attempts: int = 3, structured: str = "json_schema",
-                 on_failure: str = "plain", extra: str = "", seed: int = 0, name: str | None = None, share: bool = False):
-        if on_failure not in ("plain", "fail"): raise ValueError(f"vs.on_failure: {on_failure!r}; use 'plain' or 'fail'")
-        self.base, self.n, self.method, self.attempts, self.structured = base, n, method, attempts, structured
-        self.on_failure, self.extra, self.seed, self.share = on_failure, extra, seed, share
+    """Verbalized Sampling: ask `base.propose` for `vs.n` candidates with probabilities and draw one with the run's seeded RNG.
+
+    `vs` is a `VSConfig` (03_verbalized); keyword `settings` build one (`Verbalized(sim, n=3)`). `vs.structured = 'auto'`
+    becomes the base speaker's `vs_format` here, once."""
+    def __init__(self, base: Speaker, vs: VSConfig | None = None, extra: str = "", seed: int = 0, name: str | None = None,
+                 **settings):
+        vs = vs if vs is not None else VSConfig(**settings)
+        if vs.structured == "auto": vs = vs.model_copy(update={"structured": base.vs_format})
+        self.base, self.vs, self.extra, self.seed = base, vs, extra, seed
         self.name = name or f"vs-{base.name}"
         self.concurrent, self.api = base.concurrent, base.api
         self.stats = dict(turns=0, parsed=0, complete=0, fallback_uniform=0, fallback_plain=0, failed=0, shared=0)
@@ -228,11 +233,11 @@ class Verbalized(Speaker):
 
     def _propose(self, requests, temperature):
         "Candidate sets per request; with `share`, one proposal per distinct conversation, each request still drawing with its own RNG."
-        if not self.share: return self.base.propose(requests, self.n, self.method, self.attempts, self.structured, self.extra, temperature)
+        if not self.vs.share: return self.base.propose(requests, self.vs, self.extra, temperature)
         keys = [json.dumps(r.messages, sort_keys=True, default=str) for r in requests]
         first = {}
         for i, k in enumerate(keys): first.setdefault(k, i)
-        props = self.base.propose([requests[i] for i in first.values()], self.n, self.method, self.attempts, self.structured, self.extra, temperature)
+        props = self.base.propose([requests[i] for i in first.values()], self.vs, self.extra, temperature)
         by = dict(zip(first, props))
         self.stats["shared"] += len(requests) - len(first)
         # the request that paid for a proposal carries its API cost; the others say whose proposal they drew from
@@ -243,16 +248,16 @@ class Verbalized(Speaker):
         replies, plain_idx = [None] * len(requests), []
         for i, (req, pr) in enumerate(zip(requests, props)):
             p = pr["parse"]; self.stats["turns"] += 1
-            vs = {"n": self.n, "method": self.method, "attempts": pr["attempts"], "errors": pr["errors"], "parse_ok": p.ok}
+            vs = {"n": self.vs.n, "method": self.vs.method, "attempts": pr["attempts"], "errors": pr["errors"], "parse_ok": p.ok}
             if "shared_with" in pr: vs["shared_with"] = pr["shared_with"]
             if "raw_failures" in pr: vs["raw_failures"] = pr["raw_failures"]
             if p.ok:
-                k, w, uniform = vs_draw(p, self.method, episode_rng(self.seed, req.key, req.turn))
+                k, w, uniform = vs_draw(p, self.vs.method, episode_rng(self.seed, req.key, req.turn))
                 self.stats["parsed"] += 1; self.stats["complete"] += p.complete; self.stats["fallback_uniform"] += uniform
                 vs.update(candidates=p.texts, probabilities=p.probs, weights=[round(float(x), 6) for x in w], drawn=k,
                           complete=p.complete, uniform_fallback=uniform)
                 replies[i] = Reply(p.texts[k], info={"vs": vs, "api": pr["api"]})
-            elif self.on_failure == "plain": plain_idx.append(i); replies[i] = vs
+            elif self.vs.on_failure == "plain": plain_idx.append(i); replies[i] = vs
             else:
                 self.stats["failed"] += 1
                 replies[i] = Reply(None, failed=True, error=f"verbalized sampling: no valid candidates after {pr['attempts']} attempts "

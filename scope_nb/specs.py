@@ -7,17 +7,84 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
-from .core import echo_user, ScriptedSpeaker, Speaker
+from typing import Any, Callable, Literal
+from pydantic import Field, field_validator
+from .core import echo_user, ScriptedSpeaker, Settings, Speaker
 from .llama_server import llama_cpp_available
 from .models import PACKAGED_MODELS, load_causal_lm, model_installed
 from .sim_modes import CheckpointPool, PersonaGuided, PoolSpeaker, Rotation, Servers, load_personas
 from .simulators import ApiConfig, ApiSpeaker, Verbalized
 from .training import LocalPolicy, tiny_policy
+from .verbalized import VSConfig
 
 # %% auto #0
-__all__ = ['KINDS', 'SCRIPTED_FNS', 'MODES', 'SpecKind', 'register_kind', 'kind_of', 'check_spec', 'build_speaker', 'UserMode',
-           'register_mode', 'build_user']
+__all__ = ['SIM_REWARDS', 'KINDS', 'SCRIPTED_FNS', 'MODES', 'ApiSettings', 'PoolSettings', 'RotationSettings', 'PersonaSettings',
+           'SpeakerSettings', 'AgentSettings', 'UserSettings', 'SpecKind', 'register_kind', 'kind_of', 'check_spec',
+           'build_speaker', 'UserMode', 'register_mode', 'build_user']
+
+# %% ../nbs/33_specs.ipynb #75b00ec1
+SIM_REWARDS = ("env", "adversarial", "cooperative", "curriculum")
+
+class ApiSettings(Settings):
+    "How `api:` speakers reach their endpoint, and the call policy of every API speaker (`api:`, `llama:`, `shop:`)."
+    base_url: str = Field("", description="endpoint of api: models; '' = the provider default (OpenAI)")
+    key_env: str = Field("OPENAI_API_KEY", pattern=r"^([A-Za-z_][A-Za-z0-9_]*)?$",
+                         description="the NAME of the environment variable holding the key ('' = no key); the key is never written")
+    timeout: float = Field(60.0, gt=0, le=3600, description="seconds per call before it counts as failed")
+    max_retries: int = Field(4, ge=0, le=20, description="retries of a failed call (timeouts, 429, 5xx; Retry-After honoured), "
+                                                         "then the turn is marked failed")
+    concurrency: int = Field(8, ge=1, le=512, description="calls in flight at once")
+
+class PoolSettings(Settings):
+    "Population Co-Training (`user.mode = 'pool'`, paper §4): the simulator plays as one of its own checkpoints."
+    size: int = Field(5, ge=1, le=100, description="checkpoints kept (the paper's K = 5)")
+    every: int = Field(4, ge=1, description="training steps between checkpoints added to the pool")
+    sampling: Literal["uniform", "latest"] = Field("uniform", description="which checkpoint plays an episode: uniform over the pool "
+                                                                         "(the paper's) or the latest")
+
+class RotationSettings(Settings):
+    "RL + Ensemble (`user.mode = 'rotation'`): frozen simulators taking turns."
+    models: list[str] = Field(default_factory=list, description="model specs of the members (at least two)")
+    per: Literal["sample", "group"] = Field("sample", description="a member per episode (sample) or per task group (group)")
+
+class PersonaSettings(Settings):
+    "Persona-Guided (`user.mode = 'persona'`): a persona put before the simulator's system prompt, one per episode."
+    source: str = Field("default", min_length=1, description="'default' (the built-in set) or a file, one persona per line")
+
+class SpeakerSettings(Settings):
+    "What both roles have (`AgentSettings` and `UserSettings` add theirs)."
+    model: str = Field("tiny", min_length=1, description="model spec: tiny, a packaged name, a path, llama:<name>, api:<model>, "
+                                                         "lab-agent, lab:…, lab-user:…, shop:<family>, scripted:<name> (33_specs)")
+    train: bool = Field(False, description="train this role with GRPO")
+    temperature: float = Field(0.7, ge=0, le=5, description="sampling temperature (paper Table 6: 0.7)")
+    max_new_tokens: int = Field(32, ge=1, le=65536, description="token budget of one turn")
+    seeding: Literal["batch", "episode"] = Field(
+        "batch", description="local policies: one generator per call (batch) or per episode (episode: results do not depend on batching)")
+    hidden: int = Field(32, ge=1, le=4096, description="tiny and lab policies: hidden width")
+    layers: int = Field(1, ge=1, le=16, description="tiny and lab policies: layers")
+    api: ApiSettings = Field(default_factory=ApiSettings, description="endpoint and call policy of API speakers")
+
+class AgentSettings(SpeakerSettings):
+    "The `[agent]` table: the policy π_θ being trained."
+    train: bool = Field(True, description="train the agent with GRPO")
+
+class UserSettings(SpeakerSettings):
+    "The `[user]` table: the user simulator φ_ψ, and which of the paper's methods varies it (`mode`, Table 1)."
+    model: str = Field("scripted:echo", min_length=1, description="model spec of the simulator (33_specs); 'same' = self-play")
+    train: bool = Field(False, description="train the simulator too (Co-Training, paper §4)")
+    reward: Literal[SIM_REWARDS] = Field("env", description="the trained simulator's reward (paper Table 9): env, adversarial "
+                                                           "(1 − agent's), cooperative (agent's), curriculum (peaks at group variance 0.25)")
+    mode: str = Field("frozen", description="frozen, vs, rotation, persona, pool, or any mode added with register_mode")
+    vs: VSConfig = Field(default_factory=VSConfig, description="Verbalized Sampling (mode = 'vs')")
+    pool: PoolSettings = Field(default_factory=PoolSettings, description="Population Co-Training (mode = 'pool')")
+    rotation: RotationSettings = Field(default_factory=RotationSettings, description="RL + Ensemble (mode = 'rotation')")
+    persona: PersonaSettings = Field(default_factory=PersonaSettings, description="Persona-Guided (mode = 'persona')")
+
+    @field_validator("mode")
+    @classmethod
+    def _known_mode(cls, v):
+        if v not in MODES: raise ValueError(f"use one of {', '.join(MODES)} (or add one with register_mode)")
+        return v
 
 # %% ../nbs/33_specs.ipynb #5bec0007
 @dataclass(frozen=True)
@@ -29,8 +96,8 @@ class SpecKind:
     build: Callable[..., Speaker]                       # (spec, sec, env, name, seed, trainable, servers) -> Speaker
     trainable: Callable[[str], bool] = lambda spec: False    # has local weights GRPO can update
     verbalizes: Callable[[str], bool] = lambda spec: False   # implements `propose` (Verbalized Sampling)
-    api: bool = False                                   # calls an endpoint that may need a key (user.api_key_env)
-    structured: str = "json_schema"                     # VS answer format when user.vs_structured = 'auto'
+    api: bool = False                                   # calls an endpoint that may need a key (user.api.key_env)
+    structured: str = "json_schema"                     # VS answer format when user.vs.structured = 'auto'
 
 KINDS: list[SpecKind] = []
 
@@ -55,22 +122,18 @@ def check_spec(spec: str, key: str, env_vocab=None, role: str = "user") -> SpecK
 # %% ../nbs/33_specs.ipynb #5bec0009
 SCRIPTED_FNS = {"echo": echo_user}
 
-def _sec(sec, k: str, default):   # a config section field, or the default of speakers built without a config
-    return getattr(sec, k, default)
-
 def _owned(servers: Servers | None, spec: str) -> Servers:
     "The `Servers` that will stop the llama.cpp server `spec` starts; without one the server would outlive the run."
     if servers is None:
         raise ValueError(f"{spec!r} starts a llama.cpp server: pass servers=… from `with Servers() as servers:` so it is stopped")
     return servers
 
-def _api_kw(sec) -> dict:
-    return dict(timeout=_sec(sec, "timeout", 60.0), max_retries=_sec(sec, "max_retries", 4), concurrency=_sec(sec, "concurrency", 8),
-                max_tokens=_sec(sec, "max_new_tokens", 64))
+def _api_kw(sec: SpeakerSettings) -> dict:
+    a = sec.api
+    return dict(timeout=a.timeout, max_retries=a.max_retries, concurrency=a.concurrency, max_tokens=sec.max_new_tokens)
 
 def _local_kw(sec, name, seed, trainable) -> dict:
-    return dict(name=name, trainable=trainable, temperature=_sec(sec, "temperature", 0.7), max_new_tokens=_sec(sec, "max_new_tokens", 64),
-                seed=seed)
+    return dict(name=name, trainable=trainable, temperature=sec.temperature, max_new_tokens=sec.max_new_tokens, seed=seed)
 
 def _check_tiny(spec, vocab, role):
     if vocab is None: raise ValueError("the tiny word-level policy needs an environment with a vocabulary (e.g. env.name = 'echo')")
@@ -89,8 +152,7 @@ def _check_lab(spec, vocab, role):
 
 def _build_lab(spec, sec, env, name, seed, trainable, servers):
     from scope_nb.lab import lab_speaker
-    return lab_speaker(spec, name, seed, trainable, _sec(sec, "temperature", 0.7), _sec(sec, "max_new_tokens", 64),
-                       _sec(sec, "hidden", 32), _sec(sec, "layers", 1))
+    return lab_speaker(spec, name, seed, trainable, sec.temperature, sec.max_new_tokens, sec.hidden, sec.layers)
 
 def _check_shop(spec, vocab, role):
     from scope_nb.shop import shop_family
@@ -116,8 +178,8 @@ def _check_llama(spec, vocab, role):
 def _build_api(spec, sec, env, name, seed, trainable, servers):
     kind, model = spec.split(":", 1)
     if kind == "llama": cfg = _owned(servers, spec).api_config(model, **_api_kw(sec))
-    else: cfg = ApiConfig(model=model, base_url=_sec(sec, "base_url", "") or None, api_key_env=_sec(sec, "api_key_env", "") or None, **_api_kw(sec))
-    return ApiSpeaker(cfg, name=name, temperature=_sec(sec, "temperature", 0.7), seed=seed)
+    else: cfg = ApiConfig(model=model, base_url=sec.api.base_url or None, api_key_env=sec.api.key_env or None, **_api_kw(sec))
+    return ApiSpeaker(cfg, name=name, temperature=sec.temperature, seed=seed)
 
 def _check_api(spec, vocab, role):
     if importlib.util.find_spec("openai") is None: raise ValueError("needs the openai client: install the `api` extra")
@@ -136,7 +198,7 @@ def _check_local(spec, vocab, role):
 
 def _build_local(spec, sec, env, name, seed, trainable, servers):
     kw = _local_kw(sec, name, seed, trainable)
-    if spec == "tiny": return tiny_policy(env.vocab, hidden=_sec(sec, "hidden", 32), layers=_sec(sec, "layers", 1), **kw)
+    if spec == "tiny": return tiny_policy(env.vocab, hidden=sec.hidden, layers=sec.layers, **kw)
     lm = load_causal_lm(spec)
     return LocalPolicy(lm.model, lm.tokenizer, **kw)
 
@@ -144,7 +206,7 @@ _yes = lambda spec: True
 for _k in (SpecKind("tiny", lambda s: s == "tiny", _check_tiny, _build_local, trainable=_yes),
            SpecKind("same", lambda s: s == "same", _check_same, _build_same, trainable=_yes),
            SpecKind("lab", lambda s: s == "lab-agent" or s.startswith(("lab:", "lab-user:")), _check_lab, _build_lab,
-                    trainable=lambda s: not s.startswith("lab:"), verbalizes=lambda s: s.startswith("lab:")),
+                    trainable=lambda s: not s.startswith("lab:"), verbalizes=lambda s: s.startswith("lab:"), structured="none"),
            SpecKind("shop", lambda s: s.startswith("shop:"), _check_shop, _build_shop, verbalizes=_shop_chat,
                     structured="json_object_schema"),
            SpecKind("llama", lambda s: s.startswith("llama:"), _check_llama, _build_api, verbalizes=_yes, structured="json_object_schema"),
@@ -154,10 +216,13 @@ for _k in (SpecKind("tiny", lambda s: s == "tiny", _check_tiny, _build_local, tr
            SpecKind("local", _yes, _check_local, _build_local, trainable=_yes)):   # packaged name or path: always last
     register_kind(_k)
 
-def build_speaker(spec: str, sec, env, name: str, seed: int, trainable: bool = False, servers: Servers | None = None) -> Speaker:
-    "The speaker of model spec `spec` (its kind's builder); `sec` is the agent or user config section (or None for defaults)."
-    sp = kind_of(spec).build(spec, sec, env, name, seed, trainable, servers)
-    if isinstance(sp, LocalPolicy): sp.episode_seeded = _sec(sec, "seeding", "batch") == "episode"
+def build_speaker(spec: str, sec: SpeakerSettings | None, env, name: str, seed: int, trainable: bool = False,
+                  servers: Servers | None = None) -> Speaker:
+    "The speaker of model spec `spec` (its kind's builder) with the settings `sec` (the agent or user table; None: defaults)."
+    kind, sec = kind_of(spec), sec if sec is not None else SpeakerSettings(model=spec)
+    sp = kind.build(spec, sec, env, name, seed, trainable, servers)
+    if isinstance(sp, LocalPolicy): sp.episode_seeded = sec.seeding == "episode"
+    if kind.verbalizes(spec): sp.vs_format = kind.structured   # what vs.structured = 'auto' means for this speaker
     return sp
 
 # %% ../nbs/33_specs.ipynb #5bec000c
@@ -177,9 +242,7 @@ def register_mode(mode: UserMode) -> UserMode:
     MODES[mode.name] = mode
     return mode
 
-def _vs(base, sec, seed, run_dir, env, servers):
-    structured = sec.vs_structured if sec.vs_structured != "auto" else kind_of(sec.model).structured
-    return Verbalized(base, sec.vs_n, sec.vs_method, sec.vs_attempts, structured, sec.vs_on_failure, seed=seed, share=sec.vs_share)
+def _vs(base, sec, seed, run_dir, env, servers): return Verbalized(base, sec.vs, seed=seed)
 
 def _check_vs(sec):
     if not kind_of(sec.model).verbalizes(sec.model):
@@ -192,9 +255,9 @@ def _check_vs(sec):
                          "'api:<model>'), a lab simulator (lab:<family>@<gamma>) or a shop chat family (shop:<family>)")
 
 def _pool(base, sec, seed, run_dir, env, servers):
-    pool = CheckpointPool(Path(run_dir) / "pool", sec.pool_size)
+    pool = CheckpointPool(Path(run_dir) / "pool", sec.pool.size)
     if not pool.entries: pool.add(base.model, base.tok, 0)  # the initial simulator
-    return PoolSpeaker(base, pool, sec.pool_sampling, seed)
+    return PoolSpeaker(base, pool, sec.pool.sampling, seed)
 
 def _check_pool(sec):
     if not (sec.train and kind_of(sec.model).trainable(sec.model)):
@@ -202,16 +265,17 @@ def _check_pool(sec):
                          "(tiny, lab-user:<family>, smollm2, a path)")
 
 def _rotation(base, sec, seed, run_dir, env, servers):
-    return Rotation([build_speaker(s, sec, env, f"user-{i}-{s}", seed + i, False, servers) for i, s in enumerate(sec.rotation)],
-                    sec.rotation_per, seed)
+    members = [build_speaker(s, sec, env, f"user-{i}-{s}", seed + i, False, servers) for i, s in enumerate(sec.rotation.models)]
+    return Rotation(members, sec.rotation.per, seed)
 
 def _check_rotation(sec):
-    if len(sec.rotation) < 2: raise ValueError("user.mode = 'rotation' needs at least two model specs in user.rotation")
+    if len(sec.rotation.models) < 2: raise ValueError("user.mode = 'rotation' needs at least two model specs in user.rotation.models")
 
 for _m in (UserMode("frozen", lambda base, *ctx: base, paper="RL (Single); Co-Training with user.train"),
            UserMode("vs", _vs, _check_vs, paper="RL + VS"),
            UserMode("rotation", _rotation, _check_rotation, builds_base=False, paper="RL + Ensemble"),
-           UserMode("persona", lambda base, sec, seed, *ctx: PersonaGuided(base, load_personas(sec.personas), seed), paper="Persona-Guided"),
+           UserMode("persona", lambda base, sec, seed, *ctx: PersonaGuided(base, load_personas(sec.persona.source), seed),
+                    lambda sec: load_personas(sec.persona.source), paper="Persona-Guided"),
            UserMode("pool", _pool, _check_pool, paper="Population Co-Training")):
     register_mode(_m)
 

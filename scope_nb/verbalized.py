@@ -6,16 +6,19 @@
 from __future__ import annotations
 import ast, json, math, re, warnings
 from dataclasses import dataclass, field
+from typing import Literal
 import numpy as np
+from pydantic import Field
+from .core import Settings, parse_settings
 
 # %% auto #0
-__all__ = ['VS_METHODS', 'STRUCTURED', 'vs_instructions', 'vs_schema', 'vs_response_format', 'VSParse', 'parse_vs', 'vs_weights',
-           'vs_draw']
+__all__ = ['VS_METHODS', 'STRUCTURED', 'vs_instructions', 'vs_schema', 'vs_response_format', 'VSParse', 'parse_vs', 'VSConfig',
+           'vs_weights', 'vs_draw']
 
 # %% ../nbs/03_verbalized.ipynb #29735b1d
 VS_METHODS = ("prob", "random")
 
-def vs_instructions(n: int = 5, method: str = "prob", extra: str = "") -> str:
+def vs_instructions(n: int, method: str = "prob", extra: str = "") -> str:
     "The block appended (after a blank line) to a simulator's system prompt to ask for n verbalized candidates."
     if method not in VS_METHODS: raise ValueError(f"vs.method: {method!r} is not one of {VS_METHODS}")
     lines = ["## Several possible replies (this overrides any instruction above to give a single reply)",
@@ -33,7 +36,7 @@ def vs_instructions(n: int = 5, method: str = "prob", extra: str = "") -> str:
     lines.append(f"Return only one JSON object with {n} items, without code fences or any other text, shaped like:\n{example}")
     return "\n".join(lines)
 
-def vs_schema(n: int = 5, method: str = "prob", max_chars: int | None = None) -> dict:
+def vs_schema(n: int, method: str = "prob", max_chars: int | None = None) -> dict:
     "JSON schema of a VS answer: an object with `responses`, exactly n items of {text, probability}; `max_chars` bounds each text."
     props = {"text": {"type": "string"} if max_chars is None else {"type": "string", "minLength": 1, "maxLength": max_chars}}
     if method == "prob": props["probability"] = {"type": "number"}
@@ -135,7 +138,7 @@ def _join_surrogates(t: str) -> str:
     try: return t.encode("utf-16", "surrogatepass").decode("utf-16")
     except UnicodeDecodeError: return t
 
-def parse_vs(text, n: int = 5) -> VSParse:
+def parse_vs(text, n: int) -> VSParse:
     "Parse a VS answer into up to n candidates; never raises (failures are typed in `.error`)."
     try:
         if not isinstance(text, str): return VSParse(error="no_json")
@@ -157,6 +160,20 @@ def parse_vs(text, n: int = 5) -> VSParse:
         return VSParse(texts[:n], probs[:n], None, len(items), len(texts) >= n and len(items) == n)
     except Exception as e:  # the contract is: never raise
         return VSParse(error=f"parser_error: {type(e).__name__}")
+
+# %% ../nbs/03_verbalized.ipynb #a224ae0b
+class VSConfig(Settings):
+    "Verbalized Sampling settings, the `[user.vs]` table of a run config (paper §3.4): how many candidates, how to draw."
+    n: int = Field(5, ge=1, le=20, description="candidates per proposal (the paper's k = 5, §3.4); each costs answer tokens")
+    method: Literal["prob", "random"] = Field(
+        "prob", description="prob: draw by the stated probabilities (the paper's VS); random: uniformly among them (ablation)")
+    attempts: int = Field(3, ge=1, le=10, description="proposal calls per turn; a set with fewer than n valid candidates is retried")
+    structured: Literal[("auto",) + STRUCTURED] = Field(
+        "auto", description="answer format asked of the server; auto: the one the simulator's kind declares (33_specs)")
+    on_failure: Literal["plain", "fail"] = Field(
+        "plain", description="no attempt parsed: plain = one ordinary reply, recorded as a fallback; fail = the turn fails")
+    share: bool = Field(False, description="one proposal per distinct conversation in a batch, each episode drawing with its "
+                                           "own generator (a departure from the paper, see 20_simulators)")
 
 # %% ../nbs/03_verbalized.ipynb #94e3237a
 def vs_weights(probs, method: str = "prob") -> tuple[np.ndarray, bool]:

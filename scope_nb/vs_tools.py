@@ -8,13 +8,13 @@ import json
 from collections import Counter
 from pathlib import Path
 import numpy as np
-from .config import SpeakerSection
 from .core import atomic_write_text, write_jsonl
 from .envs import make_env
 from .rollout import rollout
 from .sim_modes import Servers
-from .specs import build_speaker, kind_of
+from .specs import build_speaker, UserSettings
 from .simulators import Verbalized
+from .verbalized import VSConfig
 
 # %% auto #0
 __all__ = ['vs_summary', 'simulate_vs', 'run_collapse_meter']
@@ -44,44 +44,44 @@ def vs_summary(episodes, vs_speaker=None) -> dict:
         out["api"] = {k: s[k] for k in ("calls", "attempts", "retries", "failures", "prompt_tokens", "completion_tokens")} | {"errors": s["errors"]}
     return out
 
-def _speakers(e, specs, temperature, max_new_tokens, seed, base_url, api_key_env, servers, timeout=60.0, max_retries=4):
-    "Frozen speakers for the given (spec, name) pairs, sharing one set of local servers."
-    return [build_speaker(spec, SpeakerSection(model=spec, temperature=temperature, max_new_tokens=max_new_tokens, base_url=base_url,
-                                               api_key_env=api_key_env, timeout=timeout, max_retries=max_retries), e, name, seed + k, False, servers)
-            for k, (spec, name) in enumerate(specs)]
+def _speakers(e, specs, sec: UserSettings, seed: int, servers):
+    "Frozen speakers for the given (spec, name) pairs with the settings `sec` (temperature, tokens, endpoint), sharing servers."
+    return [build_speaker(spec, sec.model_copy(update={"model": spec}), e, name, seed + k, False, servers) for k, (spec, name) in enumerate(specs)]
 
 def simulate_vs(out_dir, env: str = "ask", agent: str = "llama:smollm2", sim: str = "llama:smollm2", episodes: int = 10,
-                n: int = 5, method: str = "prob", attempts: int = 3, structured: str = "auto", on_failure: str = "plain",
-                temperature: float = 0.7, max_new_tokens: int = 48, seed: int = 0, base_url: str = "",
-                api_key_env: str = "OPENAI_API_KEY", timeout: float = 60.0, max_retries: int = 4) -> dict:
-    "Run `episodes` dialogues (frozen agent vs VS simulator) and write episodes.jsonl + summary.json to `out_dir`."
+                vs: VSConfig | None = None, speakers: UserSettings | None = None, seed: int = 0) -> dict:
+    """Run `episodes` dialogues (frozen agent vs VS simulator) and write episodes.jsonl + summary.json to `out_dir`.
+
+    `vs`: the Verbalized Sampling settings (`[user.vs]` of a run config); `speakers`: temperature, tokens and endpoint of
+    both speakers (`[user]` fields; default 48 new tokens)."""
+    vs, sec = vs or VSConfig(), speakers or UserSettings(max_new_tokens=48)
     e = make_env(env)
     with Servers() as servers:
-        a, base = _speakers(e, [(agent, "agent"), (sim, "user")], temperature, max_new_tokens, seed, base_url, api_key_env, servers,
-                            timeout, max_retries)
-        if structured == "auto": structured = kind_of(sim).structured   # the rule of user.vs_structured = 'auto' (33_specs)
-        vs = Verbalized(base, n, method, attempts, structured, on_failure, seed=seed)
+        a, base = _speakers(e, [(agent, "agent"), (sim, "user")], sec, seed, servers)
+        vs_sp = Verbalized(base, vs, seed=seed)
         pool = e.tasks("test") or e.tasks("train")
         tasks = [pool[i % len(pool)] for i in range(episodes)]
-        res = rollout(e, tasks, 1, {"agent": a, "user": vs}, (), {"agent": temperature, "user": temperature}, step=0, tag="vs:")
+        temps = {"agent": sec.temperature, "user": sec.temperature}
+        res = rollout(e, tasks, 1, {"agent": a, "user": vs_sp}, (), temps, step=0, tag="vs:")
     out = Path(out_dir)
     write_jsonl(out / "episodes.jsonl", res.episodes)
-    summary = {"env": env, "agent": agent, "sim": sim, "n": n, "method": method, **vs_summary(res.episodes, vs)}
+    summary = {"env": env, "agent": agent, "sim": sim, "n": vs.n, "method": vs.method, **vs_summary(res.episodes, vs_sp)}
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=1))
     return summary
 
 # %% ../nbs/43_vs_tools.ipynb #b1b197a3
 def run_collapse_meter(out_path, env: str = "ask", agent: str = "llama:smollm2", sim: str = "llama:smollm2", episodes: int = 4,
-                       M: int = 20, labeler: str = "exact", temperature: float = 0.7, max_new_tokens: int = 32, seed: int = 0,
-                       base_url: str = "", api_key_env: str = "OPENAI_API_KEY") -> dict:
+                       M: int = 20, labeler: str = "exact", speakers: UserSettings | None = None, seed: int = 0) -> dict:
     "ε̂_φ and ε̄_H of `sim` at histories visited by `agent` in `env`; writes a JSON report to `out_path`."
     from scope_nb.collapse import collapse_meter, user_histories
+    sec = speakers or UserSettings()
     e = make_env(env)
     with Servers() as servers:
-        a, s = _speakers(e, [(agent, "agent"), (sim, "user")], temperature, max_new_tokens, seed, base_url, api_key_env, servers)
+        a, s = _speakers(e, [(agent, "agent"), (sim, "user")], sec, seed, servers)
         pool = e.tasks("test") or e.tasks("train")
-        res = rollout(e, [pool[i % len(pool)] for i in range(episodes)], 1, {"agent": a, "user": s}, (), {"agent": temperature, "user": temperature}, tag="cm:")
-        rep = collapse_meter(s, user_histories(res.episodes), M, labeler, temperature)
-    out = {"env": env, "agent": agent, "sim": sim, "temperature": temperature, **rep.to_dict()}
+        temps = {"agent": sec.temperature, "user": sec.temperature}
+        res = rollout(e, [pool[i % len(pool)] for i in range(episodes)], 1, {"agent": a, "user": s}, (), temps, tag="cm:")
+        rep = collapse_meter(s, user_histories(res.episodes), M, labeler, sec.temperature)
+    out = {"env": env, "agent": agent, "sim": sim, "temperature": sec.temperature, **rep.to_dict()}
     atomic_write_text(Path(out_path), json.dumps(out, indent=1))
     return out

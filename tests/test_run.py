@@ -63,7 +63,7 @@ def test_sigkill_and_resume_gives_identical_metrics(tmp_path):
 
 @pytest.mark.parametrize("override,message", [
     ("grpo.lrr=1e-6", "grpo.lrr: unknown key; did you mean 'grpo.lr'?"),
-    ("grpo.group_size='eight'", "grpo.group_size: expected int, got str 'eight'"),
+    ("grpo.group_size='eight'", "grpo.group_size = 'eight': input should be a valid integer"),
     ("agent.model='llama-405b'", "agent.model = 'llama-405b': not a packaged model"),
     ("grpo.group_size=1", "set grpo.group_size >= 2 or grpo.advantage = 'raw'"),
 ])

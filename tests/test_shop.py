@@ -32,7 +32,7 @@ def test_llm_collapse_two_step_smoke(tmp_path):
     out = tmp_path / "exp"
     t0 = time.perf_counter()
     run_measurement(out / "llm-collapse" / "cpu-llm" / "measure", n=6, n_persona=4, vs_calls=1, families=("fashion-cold", "gemma-parent"), echo=lambda *a: None, progress=False)
-    small = ["--set", "grpo.batch_tasks=2", "--set", "grpo.group_size=2", "--set", "eval.tasks=1", "--set", "user.vs_attempts=1",
+    small = ["--set", "grpo.batch_tasks=2", "--set", "grpo.group_size=2", "--set", "eval.tasks=1", "--set", "user.vs.attempts=1",
              "--set", 'eval.panel=[{name="fashion-cold", model="shop:fashion-cold", seen=true}, {name="gemma-parent", model="shop:gemma-parent", seen=false}]']
     r = subprocess.run([SCOPE, "experiment", "run", "llm-collapse", "--scale", "cpu-llm", "--seeds", "1", "--steps", "2",
                         "--arms", "rl-single,vs,co-training", "--out", str(out), "--jobs", "3", *small],

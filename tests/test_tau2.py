@@ -21,14 +21,14 @@ def test_gold_replay_of_every_test_task(cls):
 
 
 def test_smollm2_agent_and_customer_run_a_retail_episode():
-    from scope_nb.config import SpeakerSection
+    from scope_nb.specs import UserSettings
     from scope_nb.rollout import rollout
     from scope_nb.sim_modes import Servers
     from scope_nb.specs import build_speaker
     env = Tau2Retail(max_turns=3)
     with Servers() as servers:
-        agent = build_speaker("smollm2", SpeakerSection(model="smollm2", temperature=0.7, max_new_tokens=48), env, "agent", 0)
-        user = build_speaker("llama:smollm2", SpeakerSection(model="llama:smollm2", temperature=0.7, max_new_tokens=48), env, "user", 1, False, servers)
+        agent = build_speaker("smollm2", UserSettings(model="smollm2", temperature=0.7, max_new_tokens=48), env, "agent", 0)
+        user = build_speaker("llama:smollm2", UserSettings(model="llama:smollm2", temperature=0.7, max_new_tokens=48), env, "user", 1, False, servers)
         res = rollout(env, env.tasks("test")[:1], 1, {"agent": agent, "user": user}, ("agent",), {"agent": 0.7, "user": 0.7})
     ep = res.episodes[0]
     ep.validate()
