@@ -5,9 +5,10 @@
 # %% ../../nbs/50_study.ipynb #baf6eb3c
 from __future__ import annotations
 import hashlib, hmac, json, os, re, threading, time, uuid
-from dataclasses import dataclass, field
 from pathlib import Path
+from pydantic import Field, field_validator
 from ..config import ConfigError
+from ..core import parse_settings, Settings
 
 # %% auto #0
 __all__ = ['ARMS', 'TASK_TYPES', 'ADVERSARIAL_AIRLINE', 'TAU2_ITEMS', 'P4G_ITEMS', 'REVERSED', 'Endpoint', 'StudyConfig',
@@ -17,57 +18,64 @@ __all__ = ['ARMS', 'TASK_TYPES', 'ADVERSARIAL_AIRLINE', 'TAU2_ITEMS', 'P4G_ITEMS
 ARMS = ("base", "rl-single", "vs", "co-training")   # the paper's four conditions (Table 3)
 TASK_TYPES = ("tau2-retail", "tau2-airline", "p4g")
 ADVERSARIAL_AIRLINE = ("4", "6", "9", "10")          # the airline tasks the paper analyses separately (small n)
+_ENV_NAME = r"^([A-Za-z_][A-Za-z0-9_]*)?$"
 
-@dataclass
-class Endpoint:
+class Endpoint(Settings):
     "An arm's agent: an OpenAI-compatible server and model; `api_key_env` names the variable holding its key (if any)."
-    base_url: str
-    model: str
-    api_key_env: str = ""
-    temperature: float = 0.7
-    max_tokens: int = 256
+    base_url: str = Field(min_length=1, description="the server, e.g. http://127.0.0.1:30000/v1")
+    model: str = Field(min_length=1, description="the model name the server knows the arm's checkpoint by")
+    api_key_env: str = Field("", pattern=_ENV_NAME, description="NAME of the environment variable holding its key ('' = none)")
+    temperature: float = Field(0.7, ge=0, le=2, description="sampling temperature of the agent's replies")
+    max_tokens: int = Field(256, ge=1, le=8192, description="token budget of one agent reply")
 
-@dataclass
-class StudyConfig:
-    study_id: str = "scope-study"
-    db_url: str = "sqlite:///runs/study/study.db"
-    arms: dict = field(default_factory=dict)                 # arm name -> Endpoint
-    task_types: dict = field(default_factory=lambda: {"tau2-retail": ["0", "1", "2"], "tau2-airline": ["4", "6", "9", "10"], "p4g": ["0", "1", "2"]})
-    max_turns: int = 10                                      # participant messages per session
-    max_minutes: float = 20.0
-    max_chars: int = 2000                                    # per participant message
-    redirect_url: str = "https://example.org/complete?cc={code}"
-    secret_env: str = "SCOPE_STUDY_SECRET"
-    admin_token_env: str = "SCOPE_STUDY_ADMIN_TOKEN"
+class StudyConfig(Settings):
+    "The study's TOML: arms, task pools, limits, the completion redirect and the names of the secrets' variables."
+    study_id: str = Field("scope-study", pattern=r"^[A-Za-z0-9_-]{1,64}$", description="stored with every participant")
+    db_url: str = Field("sqlite:///runs/study/study.db", min_length=1, description="SQLAlchemy URL of the study database")
+    arms: dict[str, Endpoint] = Field(default_factory=dict, description="arm name -> its endpoint (the paper's four: "
+                                                                        + ", ".join(ARMS) + ")")
+    task_types: dict[str, list[str | int]] = Field(
+        default_factory=lambda: {"tau2-retail": ["0", "1", "2"], "tau2-airline": ["4", "6", "9", "10"], "p4g": ["0", "1", "2"]},
+        description="task type -> its pool: τ² task ids or P4G persona indices")
+    max_turns: int = Field(10, ge=1, le=100, description="participant messages per session")
+    max_minutes: float = Field(20.0, gt=0, le=240, description="a session ends after this long")
+    max_chars: int = Field(2000, ge=1, le=100000, description="characters per participant message")
+    redirect_url: str = Field("https://example.org/complete?cc={code}", description="where a finished participant goes; {code} "
+                                                                                     "is replaced by the completion code")
+    secret_env: str = Field("SCOPE_STUDY_SECRET", pattern=_ENV_NAME, description="NAME of the variable holding the HMAC secret")
+    admin_token_env: str = Field("SCOPE_STUDY_ADMIN_TOKEN", pattern=_ENV_NAME, description="NAME of the variable holding the admin token")
+
+    @field_validator("arms")
+    @classmethod
+    def _some_arms(cls, v):
+        if not v: raise ValueError("no [arms.<name>] tables; give one endpoint per condition, e.g. " + ", ".join(ARMS))
+        return v
+
+    @field_validator("task_types")
+    @classmethod
+    def _pools(cls, v):
+        for k, pool in v.items():
+            if k not in TASK_TYPES: raise ValueError(f"task_types.{k}: use one of {', '.join(TASK_TYPES)}")
+            if not pool: raise ValueError(f"task_types.{k} is empty; list task ids (τ²) or persona indices (p4g)")
+        return {k: [str(x) for x in pool] for k, pool in v.items()}
+
+    @field_validator("redirect_url")
+    @classmethod
+    def _has_code(cls, v):
+        if "{code}" not in v: raise ValueError("must contain {code}, where the completion code goes")
+        return v
 
 def study_config(d: dict) -> StudyConfig:
     "A StudyConfig from a dict (e.g. parsed TOML); every bad field is named with its fix."
-    known = set(StudyConfig.__dataclass_fields__)
-    bad = sorted(set(d) - known)
-    if bad: raise ConfigError(f"study config: unknown key(s) {', '.join(bad)}; known: {', '.join(sorted(known))}")
-    arms = {}
-    for name, e in (d.get("arms") or {}).items():
-        if not isinstance(e, dict) or not e.get("base_url") or not e.get("model"):
-            raise ConfigError(f"study config: arms.{name} needs base_url and model (an OpenAI-compatible endpoint)")
-        extra = sorted(set(e) - set(Endpoint.__dataclass_fields__))
-        if extra: raise ConfigError(f"study config: arms.{name}: unknown key(s) {', '.join(extra)}")
-        arms[name] = Endpoint(**e)
-    if not arms: raise ConfigError("study config: no [arms.<name>] tables; give one endpoint per condition, e.g. " + ", ".join(ARMS))
-    tt = d.get("task_types", StudyConfig().task_types)
-    for k, pool in tt.items():
-        if k not in TASK_TYPES: raise ConfigError(f"study config: task_types.{k}: use one of {', '.join(TASK_TYPES)}")
-        if not pool: raise ConfigError(f"study config: task_types.{k} is empty; list task ids (τ²) or persona indices (p4g)")
-    cfg = StudyConfig(**{**d, "arms": arms, "task_types": {k: [str(x) for x in v] for k, v in tt.items()}})
-    if "{code}" not in cfg.redirect_url: raise ConfigError("study config: redirect_url must contain {code}, where the completion code goes")
-    for f in ("max_turns", "max_chars"):
-        if getattr(cfg, f) < 1: raise ConfigError(f"study config: {f} must be >= 1")
-    return cfg
+    return parse_settings(StudyConfig, d, "study config", ConfigError)
 
 def load_study_config(path) -> StudyConfig:
     import tomllib
     p = Path(path)
     if not p.exists(): raise ConfigError(f"{p}: no such study config; `scope study example-config` prints one")
-    return study_config(tomllib.loads(p.read_text()))
+    try: d = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as e: raise ConfigError(f"{p}: not valid TOML ({e})") from None
+    return study_config(d)
 
 # %% ../../nbs/50_study.ipynb #488b6858
 def _tables():
