@@ -40,7 +40,7 @@ lab: venv
 	$(VENV)/bin/scope experiment run collapse-lab vs-recovery --scale lab --seeds 5
 	$(VENV)/bin/scope experiment run fig17-pool-size fig27-sim-reward --scale lab --seeds 3
 
-## llm: the real-LLM shop experiment: customer families measured (~10 min), then a SmolLM2 agent trained against them, 2 seeds (over 2 h with the VS arm; see 40_experiments)
+## llm: the real-LLM shop experiment: customer families measured (~10 min), then a SmolLM2 agent trained against them, 2 seeds (over 2 h with the VS arm; see 41_experiments)
 llm: venv
 	$(VENV)/bin/scope experiment run llm-collapse --scale cpu-llm --seeds 2
 

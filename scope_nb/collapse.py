@@ -4,16 +4,16 @@
 
 # %% ../nbs/24_collapse.ipynb #411f4d6a
 from __future__ import annotations
-import functools, re, time, zlib
+import functools, re, zlib
 from dataclasses import dataclass
 import numpy as np
-from .core import Conversation, Episode, Reply, Request, Speaker
+from .core import Conversation, Episode, Request, Speaker
 from .theory import collapse_error
 
 # %% auto #0
 __all__ = ['LABELERS', 'ESTIMATORS', 'exact_label', 'yes_no_label', 'EmbeddingLabeler', 'label_all', 'class_counts',
            'modal_share', 'eps_hat', 'cp_interval', 'eps_ci', 'calibrate_eps', 'user_histories', 'CollapseReport',
-           'collapse_meter', 'CategoricalSimulator']
+           'collapse_meter']
 
 # %% ../nbs/24_collapse.ipynb #d65c48bb
 def exact_label(text: str | None) -> str:
@@ -189,13 +189,3 @@ def collapse_meter(sim: Speaker, histories, M: int = 50, labeler="exact", temper
     name = labeler if isinstance(labeler, str) else getattr(labeler, "__name__", type(labeler).__name__)
     return CollapseReport(eps, ncls, float(np.nanmean(eps)), float(np.mean(list(per_ep.values()))) if per_ep else None, M, name,
                           _mean_ci(eps, cis), cis, estimator)
-
-# %% ../nbs/24_collapse.ipynb #1694b43b
-class CategoricalSimulator(Speaker):
-    "A synthetic simulator: replies drawn from fixed behaviours with known probabilities (for calibrating the meter)."
-    def __init__(self, replies: list[str], probs, seed: int = 0, name: str = "categorical"):
-        self.replies, self.probs, self.name = list(replies), np.asarray(probs, float), name
-        self.rng = np.random.default_rng(seed)
-    def reseed(self, seed: int): self.rng = np.random.default_rng(seed)
-    def respond(self, requests, temperature=None):
-        return [Reply(self.replies[self.rng.choice(len(self.replies), p=self.probs)]) for _ in requests]

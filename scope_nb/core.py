@@ -7,15 +7,16 @@ from __future__ import annotations
 import difflib, json, math, os, re, socket, tempfile, typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Literal
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any, Callable, Iterable
+from pydantic import BaseModel, ConfigDict
 from pydantic import ValidationError as PydanticValidationError
 
 # %% auto #0
 __all__ = ['CHAT_ROLES', 'SPEAKERS', 'STATUSES', 'LOGPROB_TOL', 'ValidationError', 'check', 'Settings', 'settings_model',
            'settings_errors', 'parse_settings', 'ToolCall', 'Message', 'other', 'Turn', 'Conversation',
            'parse_tool_calls', 'Request', 'Reply', 'Speaker', 'ScriptedSpeaker', 'echo_user', 'RoleTrajectory',
-           'Episode', 'Group', 'group_episodes', 'free_port', 'atomic_write_text', 'write_jsonl', 'read_jsonl']
+           'Episode', 'Group', 'group_episodes', 'free_port', 'atomic_write_text', 'write_jsonl', 'read_jsonl',
+           'save_figure']
 
 # %% ../nbs/01_core.ipynb #582d8725
 class ValidationError(ValueError):
@@ -302,6 +303,7 @@ class Request:
     key: str = ""      # unique episode id in this rollout (seeds per-episode choices: personas, VS draws, rotation)
     group: int = 0     # index of the episode's group (task) in the batch
     sample: int = 0    # index of the episode within its group
+    persona: str | None = None   # the persona this episode's user plays (set by 23_sim_modes.PersonaGuided)
 
 @dataclass
 class Reply:
@@ -320,7 +322,7 @@ class Speaker:
     trainable: bool = False
     concurrent: bool = False  # run in a thread next to local generation (API clients)
     api: bool = False         # time spent here counts as simulator API time
-    vs_format: str = "json_schema"   # the VS answer format used when vs.structured = 'auto' (its spec kind sets it, 33_specs)
+    vs_format: str = "json_schema"   # the VS answer format used when vs.structured = 'auto' (its spec kind sets it, 35_specs)
     def respond(self, requests: list[Request], temperature: float | None = None) -> list[Reply]: raise NotImplementedError
     def reseed(self, seed: int) -> None: "Reset any sampling randomness (called at the start of every step)."
 
@@ -513,3 +515,17 @@ def read_jsonl(path: str | os.PathLike) -> list[Episode]:
             try: out.append(Episode.from_dict(d))
             except ValidationError as e: raise ValidationError(f"{where}: {e.field}", e.problem) from None
     return out
+
+def save_figure(fig, out: str | os.PathLike, name: str) -> list[Path]:
+    "Write `fig` as out/name.png (130 dpi) and out/name.svg, each atomically, and close it."
+    import matplotlib.pyplot as plt
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    paths = [out / f"{name}.png", out / f"{name}.svg"]
+    for p in paths:
+        tmp = p.with_name(f".{p.name}.tmp")
+        fig.savefig(tmp, dpi=130, bbox_inches="tight", format=p.suffix[1:])
+        os.replace(tmp, p)
+    plt.close(fig)
+    return paths

@@ -7,7 +7,6 @@ from __future__ import annotations
 import copy, os
 import torch
 import torch.distributed as dist
-from .core import free_port
 from .grpo import GRPOConfig, GRPOTrainer
 from .training import LocalPolicy
 

@@ -4,7 +4,7 @@
 
 # %% ../nbs/32_grpo.ipynb #c086bc29
 from __future__ import annotations
-import copy, math
+import copy
 from typing import Literal
 import numpy as np
 import torch
@@ -43,7 +43,7 @@ def clipped_surrogate(logp, old_logp, adv, clip_low: float = 0.2, clip_high: flo
 
 # %% ../nbs/32_grpo.ipynb #e7910270
 class GRPOConfig(Settings):
-    "The update's settings (the `[grpo]` table of a run config, with the batch shape added in `34_config`); paper values from Table 6."
+    "The update's settings (the `[grpo]` table of a run config, with the batch shape added in `36_config`); paper values from Table 6."
     lr: float = Field(1e-6, gt=0, le=1, description="learning rate, constant (paper Table 6: 1e-6)")
     advantage: Literal[ADVANTAGES] = Field("zscore", description="group-relative advantage (Eq. 2): zscore (r − mean)/std, "
                                                                  "mean r − mean (no std), raw r (no baseline)")

@@ -4,7 +4,7 @@
 
 # %% ../nbs/62_megatron_train.ipynb #8f6a7037
 from __future__ import annotations
-import contextlib, os
+import contextlib
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F

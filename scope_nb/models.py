@@ -5,7 +5,7 @@
 # %% ../nbs/02_models.ipynb #019478e8
 from __future__ import annotations
 import hashlib, importlib.metadata as md, os, shutil, tempfile, time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 

@@ -4,10 +4,10 @@
 
 # %% ../nbs/23_sim_modes.ipynb #fba68698
 from __future__ import annotations
-import json, os, shutil, time
+import dataclasses, json, os, shutil
 from pathlib import Path
 import numpy as np
-from .core import atomic_write_text, echo_user, Reply, Request, ScriptedSpeaker, Speaker
+from .core import atomic_write_text, Request, Speaker
 from .simulators import ApiConfig, episode_rng
 
 # %% auto #0
@@ -81,7 +81,7 @@ class PersonaGuided(Speaker):
         msgs = [dict(m) for m in req.messages]
         if msgs and msgs[0]["role"] == "system": msgs[0]["content"] = f"{self.personas[k]}\n\n{msgs[0]['content'] or ''}"
         else: msgs.insert(0, {"role": "system", "content": self.personas[k]})
-        return Request(msgs, req.stream, req.tools, req.turn, req.key, req.group, req.sample)
+        return dataclasses.replace(req, messages=msgs, persona=self.personas[k])   # LLMs read the prompt, the lab the field
 
     def respond(self, requests, temperature=None):
         reps = self.base.respond([self._with_persona(r) for r in requests], temperature)

@@ -13,8 +13,8 @@ from .core import parse_tool_calls, Reply, Request, Speaker, ToolCall
 from .verbalized import parse_vs, vs_draw, vs_instructions, vs_response_format, VSConfig, VSParse
 
 # %% auto #0
-__all__ = ['run_coro', 'retry_after_seconds', 'ApiConfig', 'request_seed', 'CallResult', 'ApiSpeaker', 'episode_rng',
-           'Verbalized']
+__all__ = ['run_coro', 'retry_after_seconds', 'api_failure', 'retry_delay', 'ApiConfig', 'request_seed', 'CallResult',
+           'ApiSpeaker', 'episode_rng', 'Verbalized', 'CategoricalSimulator']
 
 # %% ../nbs/20_simulators.ipynb #1137cfa1
 def run_coro(coro):
@@ -38,6 +38,23 @@ def retry_after_seconds(headers) -> float | None:
         t = email.utils.parsedate_to_datetime(ra)
         return max(0.0, t.timestamp() - time.time())
     except (TypeError, ValueError): return None
+
+def api_failure(e: Exception) -> tuple[str | None, float | None]:
+    """The retry policy of every OpenAI-compatible call here (simulators, the study app): what kind of failure `e` is,
+    and how long the server asked us to wait. Kind None: a 4xx other than 429, which retrying will not fix."""
+    import openai
+    if isinstance(e, openai.APITimeoutError): return "timeout", None        # (a subclass of APIConnectionError)
+    if isinstance(e, openai.APIConnectionError): return "connection", None
+    if isinstance(e, openai.RateLimitError): return "429", retry_after_seconds(e.response.headers)
+    if isinstance(e, openai.InternalServerError): return f"{e.status_code}", retry_after_seconds(e.response.headers)
+    if isinstance(e, openai.APIStatusError): return None, None
+    return f"malformed:{type(e).__name__}", None
+
+def retry_delay(attempt: int, wait: float | None, rng, backoff: float = 0.5, max_backoff: float = 8.0,
+                max_retry_after: float = 30.0) -> float:
+    "Seconds before retry `attempt + 1`: the server's Retry-After (capped), else jittered exponential backoff."
+    if wait is not None: return min(wait, max_retry_after)
+    return min(max_backoff, backoff * 2 ** attempt) * (0.5 + rng.random())
 
 # %% ../nbs/20_simulators.ipynb #9b74023d
 @dataclass
@@ -111,7 +128,6 @@ class ApiSpeaker(Speaker):
         return AsyncOpenAI(base_url=self.cfg.base_url, api_key=self._key(), timeout=self.cfg.timeout, max_retries=0)
 
     async def _call(self, client, sem, messages, temperature, max_tokens=None, response_format=None, tools=None, seed=None) -> CallResult:
-        import openai
         res, t0 = CallResult(None), time.perf_counter()
         completion = isinstance(messages, str)   # a completion-style prompt (base models without a chat template): one line back
         kw = dict(model=self.cfg.model, temperature=temperature, max_tokens=max_tokens or self.cfg.max_tokens)
@@ -135,22 +151,18 @@ class ApiSpeaker(Speaker):
                 else:
                     res.text, res.tool_calls = text, calls
                     break
-            except openai.APITimeoutError: kind = "timeout"
-            except openai.APIConnectionError: kind = "connection"
-            except openai.RateLimitError as e: kind, wait = "429", retry_after_seconds(e.response.headers)
-            except openai.InternalServerError as e: kind, wait = f"{e.status_code}", retry_after_seconds(e.response.headers)
-            except openai.APIStatusError as e:  # other 4xx: retrying will not help
-                res.failed, res.error = True, self._redact(f"HTTP {e.status_code}: {e.message}")
-                res.errors.append(f"{e.status_code}")
-                break
-            except Exception as e: kind = f"malformed:{type(e).__name__}"
+            except Exception as e:
+                kind, wait = api_failure(e)
+                if kind is None:   # other 4xx: retrying will not help
+                    res.failed, res.error = True, self._redact(f"HTTP {e.status_code}: {e.message}")
+                    res.errors.append(f"{e.status_code}")
+                    break
             res.errors.append(kind)
             if attempt == self.cfg.max_retries:
                 res.failed, res.error = True, f"gave up after {res.attempts} attempts ({', '.join(res.errors)})"
                 break
-            delay = min(wait, self.cfg.max_retry_after) if wait is not None else \
-                min(self.cfg.max_backoff, self.cfg.backoff * 2 ** attempt) * (0.5 + self._jitter.random())
-            await asyncio.sleep(delay)
+            c = self.cfg
+            await asyncio.sleep(retry_delay(attempt, wait, self._jitter, c.backoff, c.max_backoff, c.max_retry_after))
         res.latency = time.perf_counter() - t0
         s = self.stats
         s["calls"] += 1; s["attempts"] += res.attempts; s["retries"] += res.attempts - 1; s["failures"] += res.failed
@@ -269,3 +281,26 @@ class Verbalized(Speaker):
                 rep.info = {**rep.info, "vs": vs}
                 replies[i] = rep
         return replies
+
+# %% ../nbs/20_simulators.ipynb #2142d126
+class CategoricalSimulator(Speaker):
+    "A frozen simulator whose reply is one of `replies`, drawn from `distribution(...)`; fixed `probs` ignore the history."
+    vs_format = "none"   # answers are built here, no server format
+
+    def __init__(self, replies: list[str], probs=None, seed: int = 0, name: str = "categorical", temperature: float = 1.0):
+        self.replies, self.seed, self.name, self.temperature = list(replies), seed, name, temperature
+        self.probs = None if probs is None else np.asarray(probs, float)
+
+    def reseed(self, seed: int): self.seed = seed
+
+    def distribution(self, messages, temperature: float | None = None, persona: str | None = None) -> np.ndarray:
+        "The probability of each reply at this history (subclasses make it depend on the history and the persona)."
+        return self.probs
+
+    def respond(self, requests, temperature=None):
+        out = []
+        for r in requests:
+            q = self.distribution(r.messages, temperature, r.persona)
+            k = int(episode_rng(self.seed, r.key, r.turn).choice(len(q), p=q))
+            out.append(Reply(self.replies[k], n_tokens=1, info={"model": self.name}))
+        return out

@@ -5,7 +5,7 @@
 # %% ../nbs/00_theory.ipynb #5d1f108b
 from __future__ import annotations
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 import numpy as np
 
 # %% auto #0

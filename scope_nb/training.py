@@ -4,12 +4,11 @@
 
 # %% ../nbs/30_training.ipynb #dfbaa9f3
 from __future__ import annotations
-import inspect, json, re, zlib
+import inspect, zlib
 from dataclasses import dataclass, field
-from typing import Any, Callable
 import torch
 import torch.nn.functional as F
-from .core import parse_tool_calls, Reply, Request, RoleTrajectory, Speaker, ToolCall
+from .core import parse_tool_calls, Reply, RoleTrajectory, Speaker
 
 # %% auto #0
 __all__ = ['TINY_SPECIALS', 'TINY_TEMPLATE', 'Sample', 'sample_batch', 'pad_right', 'scores_from_logits', 'token_logprobs',

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 import numpy as np
 from pydantic import Field
-from .core import Settings, parse_settings
+from .core import Settings
 
 # %% auto #0
 __all__ = ['VS_METHODS', 'STRUCTURED', 'vs_instructions', 'vs_schema', 'vs_response_format', 'VSParse', 'parse_vs', 'VSConfig',
@@ -169,7 +169,7 @@ class VSConfig(Settings):
         "prob", description="prob: draw by the stated probabilities (the paper's VS); random: uniformly among them (ablation)")
     attempts: int = Field(3, ge=1, le=10, description="proposal calls per turn; a set with fewer than n valid candidates is retried")
     structured: Literal[("auto",) + STRUCTURED] = Field(
-        "auto", description="answer format asked of the server; auto: the one the simulator's kind declares (33_specs)")
+        "auto", description="answer format asked of the server; auto: the one the simulator's kind declares (35_specs)")
     on_failure: Literal["plain", "fail"] = Field(
         "plain", description="no attempt parsed: plain = one ordinary reply, recorded as a fallback; fail = the turn fails")
     share: bool = Field(False, description="one proposal per distinct conversation in a batch, each episode drawing with its "

@@ -24,7 +24,7 @@ def test_forward_import_fails(tmp_path):
     core = root / "scope_nb" / "core.py"
     core.write_text(core.read_text() + "\n\ndef _late():\n    from scope_nb.run import train   # core (01) reaching into run\n")
     r = _check(root)
-    assert r.returncode == 1 and "scope_nb/core.py" in r.stdout and "imports run (35_run.ipynb)" in r.stdout, r.stdout
+    assert r.returncode == 1 and "scope_nb/core.py" in r.stdout and "imports run (37_run.ipynb)" in r.stdout, r.stdout
 
 
 def test_shared_number_and_stale_known_line_fail(tmp_path):

@@ -1,11 +1,11 @@
-"""The numbers of 40_experiments "Real models on both sides", read from a finished `llm-collapse` experiment folder.
+"""The numbers of 41_experiments "Real models on both sides", read from a finished `llm-collapse` experiment folder.
 
     python tools/llm_collapse_summary.py runs/experiments/llm-collapse/cpu-llm [--arms base,rl-single,ensemble,vs,co-training]
 
 Per arm: training reward (mean of steps 1-5 -> 16-20) and the zero-variance fraction and entropy at step 1 -> last,
 per seed; final seen / unseen reward pooled over seeds with a bootstrap 95% interval over evaluation episodes;
 reward per family; then differences between arms over episodes (bootstrap), the Gemma-families contrast against
-the base agent, the move table (`15_shop.move_table`) and the measurement's seconds. Intervals over seeds are in the
+the base agent, the move table (`34_shop.move_table`) and the measurement's seconds. Intervals over seeds are in the
 experiment's `report/comparisons.md` and `report/table.md` (`scope experiment run` writes them)."""
 import argparse, json
 from pathlib import Path

@@ -4,9 +4,10 @@
 
 # %% ../../nbs/51_study_app.ipynb #7414c922
 from __future__ import annotations
-import asyncio, base64, csv, hashlib, hmac, io, json, os, time
+import asyncio, base64, csv, hashlib, hmac, io, json, os, random, time
 from fastapi import Request   # at module level: FastAPI resolves the handlers' (string) annotations here
 from .store import (ARMS, P4G_ITEMS, REVERSED, TAU2_ITEMS, StudyConfig, Store, check_id, check_survey, completion_code)
+from ..simulators import api_failure, retry_delay
 
 # %% auto #0
 __all__ = ['PAGE_HTML', 'PAGE_JS', 'EXAMPLE_CONFIG', 'make_study_env', 'find_task', 'panel', 'visible', 'Sessions', 'AgentError',
@@ -81,35 +82,41 @@ class Refused(Exception):
     def __init__(self, status: int, msg: str): super().__init__(msg); self.status, self.msg = status, msg
 
 async def stream_chat(ep, messages: list[dict], tools, retries: int = 3, timeout: float = 120.0):
-    "Yield ('delta', text) events, then ('final', content, tool_calls) for one completion of endpoint `ep`."
-    import httpx
+    """Yield ('delta', text) events, then ('final', content, tool_calls) for one completion of endpoint `ep`.
+
+    Streams through the OpenAI SDK; failures before the first token are retried with the simulators' policy
+    (`20_simulators.api_failure` / `retry_delay`: Retry-After first, then jittered backoff); a failure after it, or the
+    last retry's, raises `AgentError` (the participant gets a retry button, the turn is never scored as empty)."""
+    import openai
     key = os.environ.get(ep.api_key_env, "") if ep.api_key_env else ""
-    body = {"model": ep.model, "messages": messages, "stream": True, "temperature": ep.temperature, "max_tokens": ep.max_tokens}
-    if tools: body["tools"] = tools
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    for attempt in range(retries + 1):
-        content, calls, started = "", {}, False
-        try:
-            async with httpx.AsyncClient(timeout=timeout) as client:
-                async with client.stream("POST", ep.base_url.rstrip("/") + "/chat/completions", json=body, headers=headers) as r:
-                    if r.status_code == 429 or r.status_code >= 500: raise httpx.HTTPStatusError(f"{r.status_code}", request=r.request, response=r)
-                    if r.status_code != 200:
-                        raise AgentError(f"agent endpoint answered {r.status_code}: {(await r.aread())[:200]!r}")
-                    async for line in r.aiter_lines():
-                        if not line.startswith("data:") or line.strip() == "data: [DONE]": continue
-                        ch = (json.loads(line[5:]).get("choices") or [{}])[0].get("delta") or {}
-                        if ch.get("content"):
-                            started = True; content += ch["content"]; yield ("delta", ch["content"])
-                        for tc in ch.get("tool_calls") or []:
-                            c = calls.setdefault(tc.get("index", 0), {"id": "", "name": "", "arguments": ""})
-                            c["id"] = tc.get("id") or c["id"]
-                            f = tc.get("function") or {}
-                            c["name"] += f.get("name") or ""; c["arguments"] += f.get("arguments") or ""
-            yield ("final", content, [calls[k] for k in sorted(calls)])
-            return
-        except (httpx.TransportError, httpx.HTTPStatusError) as e:
-            if started or attempt == retries: raise AgentError(f"agent endpoint failed: {e}") from e
-            await asyncio.sleep(0.5 * 2 ** attempt)
+    client = openai.AsyncOpenAI(base_url=ep.base_url, api_key=key or "no-key", timeout=timeout, max_retries=0)
+    kw = dict(model=ep.model, messages=messages, stream=True, temperature=ep.temperature, max_tokens=ep.max_tokens)
+    if tools: kw["tools"] = tools
+    rng = random.Random()
+    try:
+        for attempt in range(retries + 1):
+            content, calls, started = "", {}, False
+            try:
+                async for chunk in await client.chat.completions.create(**kw):
+                    delta = chunk.choices[0].delta if chunk.choices else None
+                    if delta is None: continue
+                    if delta.content:
+                        started, content = True, content + delta.content
+                        yield ("delta", delta.content)
+                    for tc in delta.tool_calls or []:
+                        c = calls.setdefault(tc.index or 0, {"id": "", "name": "", "arguments": ""})
+                        c["id"] = tc.id or c["id"]
+                        if tc.function is not None:
+                            c["name"] += tc.function.name or ""
+                            c["arguments"] += tc.function.arguments or ""
+                yield ("final", content, [calls[k] for k in sorted(calls)])
+                return
+            except Exception as e:
+                kind, wait = api_failure(e)
+                if kind is None: raise AgentError(f"agent endpoint answered {e.status_code}: {str(e)[:200]}") from e
+                if started or attempt == retries: raise AgentError(f"agent endpoint failed: {kind}") from e
+                await asyncio.sleep(retry_delay(attempt, wait, rng))
+    finally: await client.close()
 
 # %% ../../nbs/51_study_app.ipynb #530d7fa8
 PAGE_HTML = """<!doctype html>

@@ -4,7 +4,7 @@
 
 # %% ../../nbs/50_study.ipynb #baf6eb3c
 from __future__ import annotations
-import hashlib, hmac, json, os, re, threading, time, uuid
+import hashlib, hmac, json, re, threading, time, uuid
 from pathlib import Path
 from pydantic import Field, field_validator
 from ..config import ConfigError
