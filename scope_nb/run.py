@@ -5,6 +5,7 @@
 # %% ../nbs/37_run.ipynb #b10dbc76
 from __future__ import annotations
 import json, math, os, shutil, time
+from dataclasses import dataclass
 from pathlib import Path
 import numpy as np
 import torch
@@ -19,7 +20,7 @@ from .specs import build_speaker, build_user
 
 # %% auto #0
 __all__ = ['append_metrics', 'read_metrics', 'summarize', 'save_checkpoint', 'latest_checkpoint', 'load_checkpoint',
-           'default_panel', 'evaluate', 'apply_sim_reward', 'build_run_speakers', 'train']
+           'default_panel', 'evaluate', 'apply_sim_reward', 'build_run_speakers', 'train', 'Run']
 
 # %% ../nbs/37_run.ipynb #c7690405
 def _seed(seed: int, step: int, k: int = 0) -> int: return (seed * 1_000_003 + step * 7_919 + k * 104_729) % 2**31
@@ -156,93 +157,145 @@ def train(cfg: Config, resume: bool = False, progress: bool = True, backend=None
         raise ConfigError(f"--resume: {run_dir} holds no run (no config.toml); start it without --resume")
     with Servers() as servers: return _train(cfg, resume, progress, servers, backend)
 
-def _train(cfg: Config, resume: bool, progress: bool, servers: Servers, backend=None) -> Path:
-    "The loop; `backend` (e.g. 64_ray's RayBackend) may supply `rollout(...)` and `trainer(policy, cfg, temperature)`."
-    from tqdm.auto import tqdm
-    run_dir, mpath = cfg.run_dir, cfg.run_dir / "metrics.jsonl"
-    torch.manual_seed(cfg.run.seed)
+@dataclass
+class Run:
+    "What the loop carries from step to step: the speakers it built, their trainers, the eval panel, where it writes."
+    cfg: Config
+    env: Env
+    agent: Speaker
+    user: Speaker
+    roles: tuple               # the trained roles
+    trainers: dict             # policy name -> trainer (one per distinct trained policy)
+    plays: dict                # policy name -> the roles it plays (self-play: both)
+    panel: list                # (PanelEntry, Speaker) pairs
+    run_dir: Path
+
+    @property
+    def speakers(self) -> dict: return {"agent": self.agent, "user": self.user}
+
+    @property
+    def mpath(self) -> Path: return self.run_dir / "metrics.jsonl"
+
+def _build(cfg: Config, servers: Servers, backend) -> Run:
+    "Stage 1: speakers, one trainer per distinct trained policy (GRPO of 32_grpo, or the backend's), the eval panel."
     env, agent, user = build_run_speakers(cfg, servers)
     speakers = {"agent": agent, "user": user}
     roles = tuple(r for r in ("agent", "user") if getattr(cfg, r).train)
-    gcfg = cfg.grpo   # a GRPOConfig (32_grpo) with the batch shape added
     trainers, plays = {}, {}
     for r in roles:
         sp = speakers[r].current if isinstance(speakers[r], PoolSpeaker) else speakers[r]
         if sp.name not in trainers:
             make = backend.trainer if backend is not None else GRPOTrainer
-            trainers[sp.name] = make(sp, gcfg, temperature=getattr(cfg, r).temperature)
+            trainers[sp.name] = make(sp, cfg.grpo, temperature=getattr(cfg, r).temperature)
         plays.setdefault(sp.name, []).append(r)
     panel = []
     for j, entry in enumerate(default_panel(cfg)):
+        if entry.model == "same":   # self-play without a panel: the policy against itself
+            panel.append((entry, agent))
+            continue
         reuse = entry.model == cfg.user.model and not cfg.user.train
-        if entry.model == "same": panel.append((entry, agent)); continue   # self-play without a panel: the policy against itself
-        panel.append((entry, user if reuse else build_speaker(entry.model, cfg.user, env, f"eval-{entry.name}", cfg.run.seed + 100 + j, False, servers)))
-    distinct = list({id(s): s for s in speakers.values()}.values())
+        sim = user if reuse else build_speaker(entry.model, cfg.user, env, f"eval-{entry.name}", cfg.run.seed + 100 + j, False, servers)
+        panel.append((entry, sim))
+    return Run(cfg, env, agent, user, roles, trainers, plays, panel, cfg.run_dir)
+
+def _first_step(run: Run, resume: bool) -> int:
+    "Stage 2: a fresh run writes its resolved config; a resumed one reloads its latest checkpoint and drops later metrics."
+    if not resume:
+        run.run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(run.run_dir / "config.toml", to_toml(to_dict(run.cfg)))
+        return 0
+    ck = latest_checkpoint(run.run_dir)
+    if ck: load_checkpoint(ck[1], run.trainers)
+    if isinstance(run.user, PoolSpeaker): run.user.pool.truncate(ck[0] if ck else 0)
+    kept = [r for r in read_metrics(run.mpath) if ck and r["step"] <= ck[0]]
+    atomic_write_text(run.mpath, "".join(json.dumps(r, allow_nan=False) + "\n" for r in kept))
+    return ck[0] + 1 if ck else 0
+
+def _collect(run: Run, step: int, backend, row: dict) -> list:
+    "Stage 3: reseed every speaker for this step, roll out B tasks × G samples, shape the user's reward, save the episodes."
+    cfg, user = run.cfg, run.user
+    rng = np.random.default_rng([cfg.run.seed, step])
+    for k, sp in enumerate({id(s): s for s in run.speakers.values()}.values()): sp.reseed(_seed(cfg.run.seed, step, k))
+    t0 = time.perf_counter()
+    do_rollout = backend.rollout if backend is not None else rollout
     temps = {r: getattr(cfg, r).temperature for r in ("agent", "user")}
+    tasks = run.env.sample_tasks("train", cfg.grpo.batch_tasks, rng)
+    res = do_rollout(run.env, tasks, cfg.grpo.group_size, run.speakers, run.roles, temps, step=step)
+    row["time/rollout"] = time.perf_counter() - t0
+    row["time/sim_api"] = res.seconds.get(user.name, 0.0) if user.api else 0.0
+    apply_sim_reward(res.episodes, cfg.user.reward)
+    write_jsonl(run.run_dir / "trajectories" / f"step_{step:06d}.jsonl", res.episodes)
+    return res.episodes
 
-    start = 0
-    if resume:
-        ck = latest_checkpoint(run_dir)
-        if ck: load_checkpoint(ck[1], trainers); start = ck[0] + 1
-        if isinstance(user, PoolSpeaker): user.pool.truncate(ck[0] if ck else 0)
-        kept = [r for r in read_metrics(mpath) if ck and r["step"] <= ck[0]]
-        atomic_write_text(mpath, "".join(json.dumps(r, allow_nan=False) + "\n" for r in kept))
-    else:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(run_dir / "config.toml", to_toml(to_dict(cfg)))
+def _update(run: Run, eps: list, row: dict):
+    "Stage 4: one GRPO update per trained policy on the items of the roles it plays (Eq. 2)."
+    cfg, t0 = run.cfg, time.perf_counter()
+    for name, tr in run.trainers.items():
+        items = []
+        for r in run.plays[name]:
+            batch_baseline = r == "user" and cfg.user.reward == "curriculum"   # group-constant reward (see 32_grpo)
+            it, groups = role_items(eps, r, cfg.grpo.advantage, cfg.grpo.mask_truncated, "batch" if batch_baseline else "group")
+            items += it
+            if r == "agent": row.update({f"train/{k}": v for k, v in group_stats(groups).items()})
+        st = tr.step(items)
+        prefix = "train" if "agent" in run.plays[name] else "sim"
+        row.update({f"{prefix}/{k}": st[k] for k in ("entropy", "kl", "clipfrac", "grad_norm", "loss", "tokens")})
+    row["time/train"] = time.perf_counter() - t0
 
+def _measure_collapse(run: Run, eps: list, step: int, row: dict):
+    "Stage 5 (every eval.collapse.every steps): the direct collapse meter of 24_collapse at histories this step visited."
+    c = run.cfg.eval.collapse
+    if not (c.every and step % c.every == 0): return
+    from scope_nb.collapse import collapse_meter, user_histories
+    hist = user_histories([e for e in eps if e.status != "failed"], c.histories)
+    if not hist: return
+    run.user.reseed(_seed(run.cfg.run.seed, step, 30_000))
+    rep = collapse_meter(run.user, hist, c.draws, c.labeler, run.cfg.user.temperature)
+    row["sim/collapse_eps"], row["sim/collapse_eps_bar_H"] = rep.eps_hat, rep.eps_bar_H
+    if rep.eps_ci: row["sim/collapse_eps_lo"], row["sim/collapse_eps_hi"] = rep.eps_ci
+
+def _train_metrics(run: Run, eps: list, row: dict):
+    "Stage 6: the step's training metrics (failed episodes are counted, never scored)."
+    scored = [e for e in eps if e.status != "failed"]
+    row["train/reward"] = _mean([e.rewards["agent"] for e in scored])
+    row["train/reward_std"] = float(np.std([e.rewards["agent"] for e in scored])) if scored else None
+    row["train/turns"] = _mean([e.info["agent_turns"] for e in eps])
+    row["train/frac_failed"] = 1 - len(scored) / len(eps)
+    row["train/frac_truncated"] = sum(e.status == "truncated" for e in eps) / len(eps)
+    if "user" in run.roles or run.cfg.user.reward != "env":
+        row["sim/reward"] = _mean([e.rewards.get("user") for e in scored if e.rewards.get("user") is not None])
+
+def _after_step(run: Run, step: int, row: dict, t_step: float):
+    "Stage 7: evaluation on the panel, the simulator pool, metrics, checkpoint and summary, in that order."
+    cfg = run.cfg
+    if step % cfg.eval.every == 0 or step == cfg.run.steps:
+        t0 = time.perf_counter()
+        row.update(evaluate(cfg, run.env, run.agent, run.panel, step, run.run_dir))
+        row["time/eval"] = time.perf_counter() - t0
+    if isinstance(run.user, PoolSpeaker) and step > 0 and step % cfg.user.pool.every == 0:
+        run.user.pool.add(run.user.current.model, run.user.current.tok, step)   # dropped again on resume if this step is replayed
+        row["sim/pool_size"] = len(run.user.pool.entries)
+    row["time/step"], row["wall_time"] = time.perf_counter() - t_step, time.time()
+    append_metrics(run.mpath, row)
+    if step > 0 and (step % cfg.checkpoint.every == 0 or step == cfg.run.steps):
+        save_checkpoint(run.run_dir, step, run.trainers, cfg.checkpoint.keep)
+    if "eval/mean" in row: atomic_write_text(run.run_dir / "summary.json", json.dumps(summarize(read_metrics(run.mpath)), indent=1))
+
+def _train(cfg: Config, resume: bool, progress: bool, servers: Servers, backend=None) -> Path:
+    "The loop, stage by stage; `backend` (e.g. 64_ray's RayBackend) may supply `rollout(...)` and `trainer(policy, cfg, temperature)`."
+    from tqdm.auto import tqdm
+    torch.manual_seed(cfg.run.seed)
+    run = _build(cfg, servers, backend)
+    start = _first_step(run, resume)
     bar = tqdm(range(start, cfg.run.steps + 1), initial=start, total=cfg.run.steps + 1, desc=cfg.run.name, disable=not progress)
     for step in bar:
         t_step, row = time.perf_counter(), {"step": step}
         if step > 0:
-            rng = np.random.default_rng([cfg.run.seed, step])
-            for k, sp in enumerate(distinct): sp.reseed(_seed(cfg.run.seed, step, k))
-            t0 = time.perf_counter()
-            do_rollout = backend.rollout if backend is not None else rollout
-            res = do_rollout(env, env.sample_tasks("train", cfg.grpo.batch_tasks, rng), cfg.grpo.group_size, speakers, roles, temps, step=step)
-            row["time/rollout"] = time.perf_counter() - t0
-            row["time/sim_api"] = res.seconds.get(user.name, 0.0) if user.api else 0.0
-            eps = res.episodes
-            apply_sim_reward(eps, cfg.user.reward)
-            write_jsonl(run_dir / "trajectories" / f"step_{step:06d}.jsonl", eps)
-            t0 = time.perf_counter()
-            for name, tr in trainers.items():
-                items = []
-                for r in plays[name]:
-                    batch_baseline = r == "user" and cfg.user.reward == "curriculum"   # group-constant reward (see 32_grpo)
-                    it, groups = role_items(eps, r, cfg.grpo.advantage, cfg.grpo.mask_truncated, "batch" if batch_baseline else "group")
-                    items += it
-                    if r == "agent": row.update({f"train/{k}": v for k, v in group_stats(groups).items()})
-                st = tr.step(items)
-                prefix = "train" if "agent" in plays[name] else "sim"
-                row.update({f"{prefix}/{k}": st[k] for k in ("entropy", "kl", "clipfrac", "grad_norm", "loss", "tokens")})
-            row["time/train"] = time.perf_counter() - t0
-            if cfg.eval.collapse.every and step % cfg.eval.collapse.every == 0:  # direct collapse meter (24_collapse)
-                from scope_nb.collapse import collapse_meter, user_histories
-                hist = user_histories([e for e in eps if e.status != "failed"], cfg.eval.collapse.histories)
-                if hist:
-                    user.reseed(_seed(cfg.run.seed, step, 30_000))
-                    rep = collapse_meter(user, hist, cfg.eval.collapse.draws, cfg.eval.collapse.labeler, cfg.user.temperature)
-                    row["sim/collapse_eps"], row["sim/collapse_eps_bar_H"] = rep.eps_hat, rep.eps_bar_H
-                    if rep.eps_ci: row["sim/collapse_eps_lo"], row["sim/collapse_eps_hi"] = rep.eps_ci
-            scored = [e for e in eps if e.status != "failed"]
-            row["train/reward"] = _mean([e.rewards["agent"] for e in scored])
-            row["train/reward_std"] = float(np.std([e.rewards["agent"] for e in scored])) if scored else None
-            row["train/turns"] = _mean([e.info["agent_turns"] for e in eps])
-            row["train/frac_failed"] = 1 - len(scored) / len(eps)
-            row["train/frac_truncated"] = sum(e.status == "truncated" for e in eps) / len(eps)
-            if "user" in roles or cfg.user.reward != "env": row["sim/reward"] = _mean([e.rewards.get("user") for e in scored if e.rewards.get("user") is not None])
-        if step % cfg.eval.every == 0 or step == cfg.run.steps:
-            t0 = time.perf_counter()
-            row.update(evaluate(cfg, env, agent, panel, step, run_dir))
-            row["time/eval"] = time.perf_counter() - t0
-        if isinstance(user, PoolSpeaker) and step > 0 and step % cfg.user.pool.every == 0:
-            user.pool.add(user.current.model, user.current.tok, step)   # dropped again on resume if this step is replayed
-            row["sim/pool_size"] = len(user.pool.entries)
-        row["time/step"], row["wall_time"] = time.perf_counter() - t_step, time.time()
-        append_metrics(mpath, row)
-        if step > 0 and (step % cfg.checkpoint.every == 0 or step == cfg.run.steps):
-            save_checkpoint(run_dir, step, trainers, cfg.checkpoint.keep)
-        if "eval/mean" in row: atomic_write_text(run_dir / "summary.json", json.dumps(summarize(read_metrics(mpath)), indent=1))
-        bar.set_postfix({k.split("/")[-1]: f"{row[k]:.3f}" for k in ("train/reward", "train/entropy", "eval/mean") if row.get(k) is not None})
-    return run_dir
+            eps = _collect(run, step, backend, row)
+            _update(run, eps, row)
+            _measure_collapse(run, eps, step, row)
+            _train_metrics(run, eps, row)
+        _after_step(run, step, row, t_step)
+        shown = ("train/reward", "train/entropy", "eval/mean")
+        bar.set_postfix({k.split("/")[-1]: f"{row[k]:.3f}" for k in shown if row.get(k) is not None})
+    return cfg.run_dir

@@ -11,7 +11,7 @@ from ..simulators import api_failure, retry_delay
 
 # %% auto #0
 __all__ = ['PAGE_HTML', 'PAGE_JS', 'EXAMPLE_CONFIG', 'make_study_env', 'find_task', 'panel', 'visible', 'Sessions', 'AgentError',
-           'Refused', 'stream_chat', 'create_app', 'export_rows', 'rows_csv', 'serve']
+           'Refused', 'stream_chat', 'StudyServer', 'create_app', 'export_rows', 'rows_csv', 'serve']
 
 # %% ../../nbs/51_study_app.ipynb #6cf3ac22
 def make_study_env(task_type: str):
@@ -224,22 +224,27 @@ start();
 # %% ../../nbs/51_study_app.ipynb #444c6684
 def _sse(event: str, data) -> str: return f"event: {event}\ndata: {json.dumps(data)}\n\n"
 
-def create_app(cfg: StudyConfig, store: Store | None = None):
-    "The FastAPI app of a study."
-    from fastapi import FastAPI
-    from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, StreamingResponse
-    store = store or Store(cfg.db_url)
-    sessions = Sessions(store)
-    app = FastAPI(title=f"scope study {cfg.study_id}", docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.store, app.state.sessions = store, sessions
-    secret = lambda: os.environ.get(cfg.secret_env, "")
-    csp = f"default-src 'none'; script-src 'sha256-{base64.b64encode(hashlib.sha256(PAGE_JS.encode()).digest()).decode()}'; " \
-          "style-src 'unsafe-inline'; connect-src 'self'; form-action 'none'; frame-ancestors 'none'; base-uri 'none'"
+def _err(status: int, msg: str):
+    from fastapi.responses import JSONResponse
+    return JSONResponse({"error": msg}, status_code=status)
 
-    def err(status: int, msg: str): return JSONResponse({"error": msg}, status_code=status)
-    app.add_exception_handler(Refused, lambda request, e: err(e.status, e.msg))
+def _streaming(events):
+    from fastapi.responses import StreamingResponse
+    return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-store"})
 
-    async def body_of(request: Request, limit: int = 16_000) -> dict:
+class StudyServer:
+    "The study's request handlers, one method per route (`create_app` only wires them to URLs), and what they share."
+    def __init__(self, cfg: StudyConfig, store: Store):
+        self.cfg, self.store, self.sessions = cfg, store, Sessions(store)
+        js = base64.b64encode(hashlib.sha256(PAGE_JS.encode()).digest()).decode()
+        self.csp = (f"default-src 'none'; script-src 'sha256-{js}'; style-src 'unsafe-inline'; connect-src 'self'; "
+                    "form-action 'none'; frame-ancestors 'none'; base-uri 'none'")
+
+    def secret(self) -> str: return os.environ.get(self.cfg.secret_env, "")
+
+    # --- reading requests -------------------------------------------------------------------------------------------
+    async def body_of(self, request: Request, limit: int = 16_000) -> dict:
+        "The JSON object a request carries, or a 400 naming what is wrong."
         raw = await request.body()
         if len(raw) > limit: raise Refused(400, f"request too large ({len(raw)} bytes; at most {limit})")
         try: b = json.loads(raw or b"{}")
@@ -247,50 +252,58 @@ def create_app(cfg: StudyConfig, store: Store | None = None):
         if not isinstance(b, dict): raise Refused(400, "request body must be a JSON object, e.g. {\"session_id\": ...}")
         return b
 
-    async def session_of(request: Request) -> tuple[dict, dict]:
+    async def session_of(self, request: Request) -> tuple[dict, dict]:
         "The request's session row and its JSON body, or a 400/404 naming what is wrong."
-        b = await body_of(request)
+        b = await self.body_of(request)
         sid = b.get("session_id")
-        row = store.session(sid) if isinstance(sid, str) and len(sid) <= 64 else None
+        row = self.store.session(sid) if isinstance(sid, str) and len(sid) <= 64 else None
         if row is None: raise Refused(404, "unknown session; reopen your study link")
         return row, b
 
-    def finished(row) -> dict:
-        code = completion_code(secret(), row["id"])
+    # --- what the participant sees ----------------------------------------------------------------------------------
+    def finished(self, row) -> dict:
+        "The completion code, the redirect and the debrief of a surveyed session."
+        cfg, code = self.cfg, completion_code(self.secret(), row["id"])
         return {"code": code, "redirect": cfg.redirect_url.format(code=code),
-                "debrief": f"Thank you. You talked with the '{row['arm']}' agent, one of {len(cfg.arms)} versions of an AI assistant "
-                           f"that this study compares ({', '.join(cfg.arms)}). The agent was an AI system, not a person."}
+                "debrief": f"Thank you. You talked with the '{row['arm']}' agent, one of {len(cfg.arms)} versions of an AI "
+                           f"assistant that this study compares ({', '.join(cfg.arms)}). The agent was an AI system, not a person."}
 
-    def snapshot(row) -> dict:
-        st = sessions.state(row)
+    def snapshot(self, row) -> dict:
+        "Everything the page needs to show a session: task panel, turns, limits, whether the agent owes a turn, the survey."
+        cfg, st = self.cfg, self.sessions.state(row)
+        tau2 = row["task_type"].startswith("tau2")
         out = {"session_id": row["id"], "task_type": row["task_type"], "status": row["status"],
-               "panel": panel(sessions.env(row["task_type"]), row["task_type"], st.task), "turns": visible(st),
+               "panel": panel(self.sessions.env(row["task_type"]), row["task_type"], st.task), "turns": visible(st),
                "limits": {"max_turns": cfg.max_turns, "max_chars": cfg.max_chars, "deadline": row["started"] + 60 * cfg.max_minutes},
                "agent_pending": row["status"] == "active" and st.next == "agent",
-               "survey": {"items": list(TAU2_ITEMS if row["task_type"].startswith("tau2") else P4G_ITEMS), "donation": row["task_type"] == "p4g",
+               "survey": {"items": list(TAU2_ITEMS if tau2 else P4G_ITEMS), "donation": row["task_type"] == "p4g",
                           "reversed": list(REVERSED)}}
-        if row["status"] == "surveyed": out.update(finished(row))
+        if row["status"] == "surveyed": out.update(self.finished(row))
         return out
 
-    @app.get("/", response_class=HTMLResponse)
-    async def page():
-        return HTMLResponse(PAGE_HTML.replace("/*JS*/", PAGE_JS), headers={"Content-Security-Policy": csp, "X-Content-Type-Options": "nosniff"})
+    async def page(self):
+        from fastapi.responses import HTMLResponse
+        return HTMLResponse(PAGE_HTML.replace("/*JS*/", PAGE_JS),
+                            headers={"Content-Security-Policy": self.csp, "X-Content-Type-Options": "nosniff"})
 
-    @app.post("/api/start")
-    async def start(request: Request):
-        b = await body_of(request)
-        try: pid, study, ext = check_id(b.get("pid"), "PROLIFIC_PID"), check_id(b.get("study"), "STUDY_ID"), check_id(b.get("session"), "SESSION_ID")
-        except ValueError as e: return err(400, str(e))
-        if study != cfg.study_id: return err(400, f"STUDY_ID: this server runs study {cfg.study_id!r}; check the study link")
-        if not secret(): return err(503, "the study is not configured: its completion-code secret is missing")
-        row, _ = store.start(cfg, pid, ext)
-        return snapshot(row)
+    # --- the chat ---------------------------------------------------------------------------------------------------
+    async def start(self, request: Request):
+        "Join (or rejoin) the study with the crowdsourcing site's ids; assignment happens here (50_study.assign)."
+        b = await self.body_of(request)
+        try:
+            pid, study = check_id(b.get("pid"), "PROLIFIC_PID"), check_id(b.get("study"), "STUDY_ID")
+            ext = check_id(b.get("session"), "SESSION_ID")
+        except ValueError as e: return _err(400, str(e))
+        if study != self.cfg.study_id: return _err(400, f"STUDY_ID: this server runs study {self.cfg.study_id!r}; check the study link")
+        if not self.secret(): return _err(503, "the study is not configured: its completion-code secret is missing")
+        row, _ = self.store.start(self.cfg, pid, ext)
+        return self.snapshot(row)
 
-    async def reply(row):
+    async def reply(self, row):
         "SSE events of the agent's turn(s) until it is the participant's move; stores each completed turn."
         from scope_nb.core import ToolCall
-        st, env = sessions.state(row), sessions.env(row["task_type"])
-        ep = cfg.arms[row["arm"]]
+        st, env = self.sessions.state(row), self.sessions.env(row["task_type"])
+        ep = self.cfg.arms[row["arm"]]
         for _ in range(8):
             if st.next != "agent": break
             final = None
@@ -299,90 +312,116 @@ def create_app(cfg: StudyConfig, store: Store | None = None):
                     if ev[0] == "delta": yield _sse("delta", {"text": ev[1]})
                     else: final = ev
             except AgentError as e:
-                yield _sse("error", {"message": "The assistant could not answer just now. Please press Retry.", "detail": str(e)[:200]}); return
+                yield _sse("error", {"message": "The assistant could not answer just now. Please press Retry.", "detail": str(e)[:200]})
+                return
             _, content, calls = final
             tcs = [ToolCall(c["id"] or f"call_{i}", c["name"], c["arguments"] or "{}") for i, c in enumerate(calls)]
             n_before = len(st.conversation.turns)
             env.apply(st, "agent", content, tcs)
-            new = [{"role": "agent", "content": content, "tool_calls": [{"id": t.id, "name": t.name, "arguments": t.arguments} for t in tcs]}]
+            calls_out = [{"id": t.id, "name": t.name, "arguments": t.arguments} for t in tcs]
+            new = [{"role": "agent", "content": content, "tool_calls": calls_out}]
             new += [{"role": "tool", "content": t.message.content} for t in st.conversation.turns[n_before + 1:]]
-            store.add_turns(row["id"], new)
+            self.store.add_turns(row["id"], new)
             yield _sse("turn", {"text": content or "", "tool_calls": len(tcs)})
         if st.done:
-            store.end(row["id"], "agent_end")
+            self.store.end(row["id"], "agent_end")
             yield _sse("ended", {"reason": "The assistant ended the conversation."})
         yield _sse("done", {})
 
-    @app.post("/api/message")
-    async def message(request: Request):
-        row, b = await session_of(request)
+    def _refusal(self, row, st) -> str | None:
+        "Why a participant message cannot be taken now (None: it can)."
+        cfg = self.cfg
+        if row["status"] != "active": return "this chat has ended"
+        if time.time() > row["started"] + 60 * cfg.max_minutes: return "the time for this chat is up; please press End"
+        if st.next != "user": return "the assistant has not answered yet; press Retry"
+        if sum(t["role"] == "user" for t in self.store.turns(row["id"])) >= cfg.max_turns:
+            return f"you have sent the maximum of {cfg.max_turns} messages; please press End"
+        return None
+
+    async def message(self, request: Request):
+        "A participant message: checked, stored before it is acknowledged, then the agent's reply streamed."
+        row, b = await self.session_of(request)
         text = b.get("text")
-        if not isinstance(text, str) or not text.strip(): return err(400, "text: write a message first")
-        if len(text) > cfg.max_chars: return err(400, f"text: at most {cfg.max_chars} characters per message (this one has {len(text)})")
-        lock = sessions.lock(row["id"])
-        if lock.locked(): return err(409, "wait for the assistant's answer before sending the next message")
+        if not isinstance(text, str) or not text.strip(): return _err(400, "text: write a message first")
+        if len(text) > self.cfg.max_chars:
+            return _err(400, f"text: at most {self.cfg.max_chars} characters per message (this one has {len(text)})")
+        lock = self.sessions.lock(row["id"])
+        if lock.locked(): return _err(409, "wait for the assistant's answer before sending the next message")
         await lock.acquire()
         try:
-            row = store.session(row["id"])
-            st = sessions.state(row)
-            refusal = ("this chat has ended" if row["status"] != "active" else
-                       "the time for this chat is up; please press End" if time.time() > row["started"] + 60 * cfg.max_minutes else
-                       "the assistant has not answered yet; press Retry" if st.next != "user" else
-                       f"you have sent the maximum of {cfg.max_turns} messages; please press End"
-                       if sum(t["role"] == "user" for t in store.turns(row["id"])) >= cfg.max_turns else None)
-            if refusal is None:
-                store.add_turns(row["id"], [{"role": "user", "content": text}])   # on disk before the acknowledgement (and before the state moves)
-                sessions.env(row["task_type"]).apply(st, "user", text)
+            row = self.store.session(row["id"])
+            st = self.sessions.state(row)
+            refusal = self._refusal(row, st)
+            if refusal is None:   # on disk before the acknowledgement (and before the state moves)
+                self.store.add_turns(row["id"], [{"role": "user", "content": text}])
+                self.sessions.env(row["task_type"]).apply(st, "user", text)
         except BaseException:
-            lock.release(); raise
-        if refusal: lock.release(); return err(409, refusal)
+            lock.release()
+            raise
+        if refusal:
+            lock.release()
+            return _err(409, refusal)
         async def events():
             try:
                 yield _sse("ack", {"text": text})
-                async for ev in reply(row): yield ev
+                async for ev in self.reply(row): yield ev
             finally: lock.release()
-        return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-store"})
+        return _streaming(events())
 
-    @app.post("/api/agent")
-    async def agent_turn(request: Request):
+    async def agent_turn(self, request: Request):
         "The agent's pending turn (the opening of a P4G chat, or a retry after an endpoint failure)."
-        row, _ = await session_of(request)
-        lock = sessions.lock(row["id"])
-        if lock.locked(): return err(409, "the assistant is already answering")
-        if row["status"] != "active" or sessions.state(row).next != "agent": return err(409, "nothing for the assistant to answer")
+        row, _ = await self.session_of(request)
+        lock = self.sessions.lock(row["id"])
+        if lock.locked(): return _err(409, "the assistant is already answering")
+        if row["status"] != "active" or self.sessions.state(row).next != "agent": return _err(409, "nothing for the assistant to answer")
         await lock.acquire()
         async def events():
             try:
-                async for ev in reply(row): yield ev
+                async for ev in self.reply(row): yield ev
             finally: lock.release()
-        return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-store"})
+        return _streaming(events())
 
-    @app.post("/api/end")
-    async def end(request: Request):
-        row, _ = await session_of(request)
-        if sessions.lock(row["id"]).locked(): return err(409, "wait for the assistant's answer, then end the chat")
-        store.end(row["id"], "participant")
-        return snapshot(store.session(row["id"]))
+    async def end(self, request: Request):
+        row, _ = await self.session_of(request)
+        if self.sessions.lock(row["id"]).locked(): return _err(409, "wait for the assistant's answer, then end the chat")
+        self.store.end(row["id"], "participant")
+        return self.snapshot(self.store.session(row["id"]))
 
-    @app.post("/api/survey")
-    async def survey(request: Request):
-        row, b = await session_of(request)
-        if row["status"] == "active": return err(409, "end the chat before the survey")
+    async def survey(self, request: Request):
+        row, b = await self.session_of(request)
+        if row["status"] == "active": return _err(409, "end the chat before the survey")
         try: answers = check_survey(row["task_type"], b.get("answers"))
-        except ValueError as e: return err(400, str(e))
-        if not store.submit_survey(row["id"], answers): return err(409, "this survey was already submitted; your code is shown again on the study link")
-        return finished(row)
+        except ValueError as e: return _err(400, str(e))
+        if not self.store.submit_survey(row["id"], answers):
+            return _err(409, "this survey was already submitted; your code is shown again on the study link")
+        return self.finished(row)
 
-    @app.get("/admin/export")
-    async def export(request: Request, format: str = "jsonl"):
-        token = os.environ.get(cfg.admin_token_env, "")
-        given = request.headers.get("authorization", "")
-        if not token or not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()): return err(401, f"admin export: send 'Authorization: Bearer <token>' (the value of ${cfg.admin_token_env})")
-        rows = export_rows(cfg, store, sessions)
+    # --- the researcher ---------------------------------------------------------------------------------------------
+    async def export(self, request: Request, format: str = "jsonl"):
+        "Every session with transcript, survey and τ² score, for `scope study analyze` (token-protected)."
+        from fastapi.responses import PlainTextResponse
+        name = self.cfg.admin_token_env
+        token, given = os.environ.get(name, ""), request.headers.get("authorization", "")
+        if not token or not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+            return _err(401, f"admin export: send 'Authorization: Bearer <token>' (the value of ${name})")
+        rows = export_rows(self.cfg, self.store, self.sessions)
         if format == "jsonl": return PlainTextResponse("".join(json.dumps(r) + "\n" for r in rows), media_type="application/x-ndjson")
         if format == "csv": return PlainTextResponse(rows_csv(rows), media_type="text/csv")
-        return err(400, "format: use jsonl or csv")
+        return _err(400, "format: use jsonl or csv")
 
+def create_app(cfg: StudyConfig, store: Store | None = None):
+    "The FastAPI app of a study: the routes of `StudyServer`, refusals answered as JSON errors."
+    from fastapi import FastAPI
+    from fastapi.responses import HTMLResponse
+    srv = StudyServer(cfg, store or Store(cfg.db_url))
+    app = FastAPI(title=f"scope study {cfg.study_id}", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.store, app.state.sessions, app.state.server = srv.store, srv.sessions, srv
+    app.add_exception_handler(Refused, lambda request, e: _err(e.status, e.msg))
+    app.get("/", response_class=HTMLResponse)(srv.page)
+    for path, handler in (("/api/start", srv.start), ("/api/message", srv.message), ("/api/agent", srv.agent_turn),
+                          ("/api/end", srv.end), ("/api/survey", srv.survey)):
+        app.post(path)(handler)
+    app.get("/admin/export")(srv.export)
     return app
 
 # %% ../../nbs/51_study_app.ipynb #547c1dbb
