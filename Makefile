@@ -54,6 +54,7 @@ browser:
 test: venv browser
 	$(PY) tools/check_sync.py
 	$(PY) tools/check_layout.py
+	$(PY) tools/check_style.py
 	$(PY) tools/nbtest.py
 	$(PY) -m pytest
 

@@ -49,9 +49,11 @@ def _is_int(x) -> bool: return isinstance(x, int) and not isinstance(x, bool)
 def _check_json(x, path: str):
     "Check that `x` is plain JSON (dict/list/str/int/float/bool/None, finite floats) so it round-trips exactly."
     if x is None or isinstance(x, (str, bool)) or _is_int(x): return
-    if isinstance(x, float): return check(math.isfinite(x), path, f"non-finite number {x!r}", "JSON cannot hold NaN/inf")
+    if isinstance(x, float):
+        return check(math.isfinite(x), path, f"non-finite number {x!r}", "JSON cannot hold NaN/inf")
     if isinstance(x, list):
-        for i, v in enumerate(x): _check_json(v, _join(path, i))
+        for i, v in enumerate(x):
+            _check_json(v, _join(path, i))
         return
     if isinstance(x, dict):
         for k, v in x.items():
@@ -99,7 +101,11 @@ def settings_errors(err: PydanticValidationError, model: type, prefix: str = "")
             names = list(owner.model_fields) if owner else []
             close = difflib.get_close_matches(str(leaf), names, 1)
             where = key.rsplit(".", 1)[0] if "." in key else "top level"
-            hint = f"; did you mean {key.rsplit('.', 1)[0] + '.' + close[0] if '.' in key else close[0]!r}?" if close else ""
+            hint = (
+                f"; did you mean {key.rsplit('.', 1)[0] + '.' + close[0] if '.' in key else close[0]!r}?"
+                if close
+                else ""
+            )
             out.append(f"{key}: unknown key{hint} (allowed in [{where}]: {', '.join(names)})")
             continue
         msg = e["msg"].removeprefix("Value error, ")
@@ -112,11 +118,15 @@ def settings_errors(err: PydanticValidationError, model: type, prefix: str = "")
         out.append(f"{key}{shown}: {msg[:1].lower() + msg[1:]}{what}")
     return out
 
+
 def parse_settings(model: type, d: Any, prefix: str = "", error: type = ValueError):
     "Build `model` from a nested dict; every problem is reported in one `error` whose lines start with the dotted key."
-    if not isinstance(d, dict): raise error(f"{prefix or 'config'}: expected a table of settings, got {type(d).__name__}")
-    try: return model.model_validate(d)
-    except PydanticValidationError as e: raise error("\n".join(settings_errors(e, model, prefix))) from None
+    if not isinstance(d, dict):
+        raise error(f"{prefix or 'config'}: expected a table of settings, got {type(d).__name__}")
+    try:
+        return model.model_validate(d)
+    except PydanticValidationError as e:
+        raise error("\n".join(settings_errors(e, model, prefix))) from None
 
 # %% ../nbs/01_core.ipynb #5eb47e9e
 CHAT_ROLES = ("system", "user", "assistant", "tool")
@@ -141,14 +151,22 @@ class ToolCall:
 
     def validate(self, path: str = "tool_call"):
         check(isinstance(self.id, str) and self.id != "", _join(path, "id"), "must be a non-empty string")
-        check(isinstance(self.name, str) and self.name != "", _join(path, "function.name"), "must be a non-empty string")
-        check(isinstance(self.arguments, str), _join(path, "function.arguments"), "must be JSON text (a string)",
-              "use json.dumps(args)")
+        check(
+            isinstance(self.name, str) and self.name != "", _join(path, "function.name"), "must be a non-empty string"
+        )
+        check(
+            isinstance(self.arguments, str),
+            _join(path, "function.arguments"),
+            "must be JSON text (a string)",
+            "use json.dumps(args)",
+        )
 
     def args(self) -> dict:
         "Parsed arguments; raises `ValidationError` naming the call if they are not a JSON object."
-        try: a = json.loads(self.arguments or "{}")
-        except json.JSONDecodeError as e: raise ValidationError(f"tool_call[{self.name}].arguments", f"not valid JSON ({e.msg})")
+        try:
+            a = json.loads(self.arguments or "{}")
+        except json.JSONDecodeError as e:
+            raise ValidationError(f"tool_call[{self.name}].arguments", f"not valid JSON ({e.msg})")
         check(isinstance(a, dict), f"tool_call[{self.name}].arguments", "must be a JSON object")
         return a
 
@@ -174,21 +192,43 @@ class Message:
         _keys(d, path, ["role"], ["content", "tool_calls", "tool_call_id", "name"])
         tcs = d.get("tool_calls") or []
         check(isinstance(tcs, list), _join(path, "tool_calls"), "must be a list")
-        m = cls(d["role"], d.get("content"), [ToolCall.from_dict(t, _join(_join(path, "tool_calls"), i)) for i, t in enumerate(tcs)],
-                d.get("tool_call_id"), d.get("name"))
+        m = cls(
+            d["role"],
+            d.get("content"),
+            [ToolCall.from_dict(t, _join(_join(path, "tool_calls"), i)) for i, t in enumerate(tcs)],
+            d.get("tool_call_id"),
+            d.get("name"),
+        )
         m.validate(path)
         return m
 
     def validate(self, path: str = "message"):
-        check(self.role in CHAT_ROLES, _join(path, "role"), f"{self.role!r} is not a chat role", f"use one of {CHAT_ROLES}")
+        check(
+            self.role in CHAT_ROLES,
+            _join(path, "role"),
+            f"{self.role!r} is not a chat role",
+            f"use one of {CHAT_ROLES}",
+        )
         check(self.content is None or isinstance(self.content, str), _join(path, "content"), "must be a string or None")
-        for i, t in enumerate(self.tool_calls): t.validate(_join(_join(path, "tool_calls"), i))
-        check(not self.tool_calls or self.role == "assistant", _join(path, "tool_calls"), f"only assistant messages call tools, not {self.role!r}")
+        for i, t in enumerate(self.tool_calls):
+            t.validate(_join(_join(path, "tool_calls"), i))
+        check(
+            not self.tool_calls or self.role == "assistant",
+            _join(path, "tool_calls"),
+            f"only assistant messages call tools, not {self.role!r}",
+        )
         if self.role == "tool":
-            check(isinstance(self.tool_call_id, str) and self.tool_call_id != "", _join(path, "tool_call_id"),
-                  "a tool result needs the id of the call it answers")
+            check(
+                isinstance(self.tool_call_id, str) and self.tool_call_id != "",
+                _join(path, "tool_call_id"),
+                "a tool result needs the id of the call it answers",
+            )
         if self.role == "assistant":
-            check(self.content is not None or bool(self.tool_calls), _join(path, "content"), "an assistant message needs content or tool_calls")
+            check(
+                self.content is not None or bool(self.tool_calls),
+                _join(path, "content"),
+                "an assistant message needs content or tool_calls",
+            )
 
 # %% ../nbs/01_core.ipynb #393c0893
 SPEAKERS = ("agent", "user")
@@ -203,11 +243,14 @@ class Turn:
     "One message in the shared history and the speaker it belongs to."
     speaker: str
     message: Message
-    private: bool = False   # heard only by its speaker (e.g. a customer's unspoken preference); the other side's view skips it
+    private: bool = (
+        False  # heard only by its speaker (e.g. a customer's unspoken preference); the other side's view skips it
+    )
 
     def to_dict(self) -> dict:
         d = {"speaker": self.speaker, "message": self.message.to_dict()}
-        if self.private: d["private"] = True
+        if self.private:
+            d["private"] = True
         return d
 
     @classmethod
@@ -219,10 +262,19 @@ class Turn:
         return t
 
     def validate(self, path: str = "turn"):
-        check(self.speaker in SPEAKERS, _join(path, "speaker"), f"{self.speaker!r} is not a speaker", f"use one of {SPEAKERS}")
+        check(
+            self.speaker in SPEAKERS,
+            _join(path, "speaker"),
+            f"{self.speaker!r} is not a speaker",
+            f"use one of {SPEAKERS}",
+        )
         self.message.validate(_join(path, "message"))
-        check(self.message.role in ("assistant", "tool"), _join(path, "message.role"),
-              f"a turn holds what its speaker said ('assistant') or a tool result it got ('tool'), not {self.message.role!r}")
+        check(
+            self.message.role in ("assistant", "tool"),
+            _join(path, "message.role"),
+            "a turn holds what its speaker said ('assistant') or a tool result it got ('tool'), not "
+            f"{self.message.role!r}",
+        )
 
 # %% ../nbs/01_core.ipynb #ac272e2a
 @dataclass
@@ -231,7 +283,9 @@ class Conversation:
     system: dict[str, str] = field(default_factory=dict)  # speaker -> system prompt
     turns: list[Turn] = field(default_factory=list)
 
-    def say(self, speaker: str, content: str | None, tool_calls: list[ToolCall] | None = None, private: bool = False) -> Turn:
+    def say(
+        self, speaker: str, content: str | None, tool_calls: list[ToolCall] | None = None, private: bool = False
+    ) -> Turn:
         "Append what `speaker` said (`private`: only `speaker` sees it) and return the new turn."
         t = Turn(speaker, Message("assistant", content, list(tool_calls or [])), private)
         t.validate(_join("turns", len(self.turns)))
@@ -250,24 +304,30 @@ class Conversation:
         them = other(speaker)
         msgs = [{"role": "system", "content": self.system[speaker]}] if self.system.get(speaker) else []
         for t in self.turns:
-            if t.speaker == speaker: msgs.append(t.message.to_dict())
+            if t.speaker == speaker:
+                msgs.append(t.message.to_dict())
             elif t.speaker == them and t.message.role == "assistant" and t.message.content and not t.private:
                 if msgs and msgs[-1]["role"] == "user" and "tool_call_id" not in msgs[-1]:
                     msgs[-1] = {**msgs[-1], "content": msgs[-1]["content"] + "\n\n" + t.message.content}
-                else: msgs.append({"role": "user", "content": t.message.content})
+                else:
+                    msgs.append({"role": "user", "content": t.message.content})
         return msgs
 
     def n_turns(self, speaker: str | None = None) -> int:
         "Number of things said (not tool results), optionally by one speaker."
         return sum(t.message.role == "assistant" and (speaker is None or t.speaker == speaker) for t in self.turns)
 
-    def to_dict(self) -> dict: return {"system": dict(self.system), "turns": [t.to_dict() for t in self.turns]}
+    def to_dict(self) -> dict:
+        return {"system": dict(self.system), "turns": [t.to_dict() for t in self.turns]}
 
     @classmethod
     def from_dict(cls, d: dict, path: str = "conversation") -> Conversation:
         _keys(d, path, ["turns"], ["system"])
         check(isinstance(d["turns"], list), _join(path, "turns"), "must be a list")
-        c = cls(dict(d.get("system") or {}), [Turn.from_dict(t, _join(_join(path, "turns"), i)) for i, t in enumerate(d["turns"])])
+        c = cls(
+            dict(d.get("system") or {}),
+            [Turn.from_dict(t, _join(_join(path, "turns"), i)) for i, t in enumerate(d["turns"])],
+        )
         c.validate(path)
         return c
 
@@ -275,7 +335,8 @@ class Conversation:
         for k, v in self.system.items():
             check(k in SPEAKERS, _join(_join(path, "system"), k), "unknown speaker", f"use one of {SPEAKERS}")
             check(isinstance(v, str), _join(_join(path, "system"), k), "system prompt must be a string")
-        for i, t in enumerate(self.turns): t.validate(_join(_join(path, "turns"), i))
+        for i, t in enumerate(self.turns):
+            t.validate(_join(_join(path, "turns"), i))
 
 # %% ../nbs/01_core.ipynb #0b64cf2d
 _TOOL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
@@ -285,7 +346,8 @@ def parse_tool_calls(text: str, turn: int = 0) -> tuple[str | None, list[ToolCal
     calls = []
     for k, m in enumerate(_TOOL_RE.finditer(text)):
         try:
-            d = json.loads(m.group(1)); name, args = d["name"], json.dumps(d.get("arguments", {}))
+            d = json.loads(m.group(1))
+            name, args = d["name"], json.dumps(d.get("arguments", {}))
         except (json.JSONDecodeError, KeyError, TypeError):
             name, args = "invalid_tool_call", m.group(1)
         calls.append(ToolCall(f"call_{turn}_{k}", str(name), args))
@@ -322,21 +384,34 @@ class Speaker:
     trainable: bool = False
     concurrent: bool = False  # run in a thread next to local generation (API clients)
     api: bool = False         # time spent here counts as simulator API time
-    vs_format: str = "json_schema"   # the VS answer format used when vs.structured = 'auto' (its spec kind sets it, 35_specs)
-    def respond(self, requests: list[Request], temperature: float | None = None) -> list[Reply]: raise NotImplementedError
-    def reseed(self, seed: int) -> None: "Reset any sampling randomness (called at the start of every step)."
+    vs_format: str = (
+        "json_schema"  # the VS answer format used when vs.structured = 'auto' (its spec kind sets it, 35_specs)
+    )
+
+    def respond(self, requests: list[Request], temperature: float | None = None) -> list[Reply]:
+        raise NotImplementedError
+
+    def reseed(self, seed: int) -> None:
+        "Reset any sampling randomness (called at the start of every step)."
 
     def propose(self, requests: list[Request], vs, extra: str = "", temperature: float | None = None) -> list[dict]:
-        "Verbalized candidates for `vs` (a `VSConfig`, 03_verbalized): per request a dict with `parse` (a `VSParse`), `attempts`, `errors`, `api`."
-        raise NotImplementedError(f"{self.name}: this speaker cannot verbalize (no `propose`); Verbalized Sampling "
-                                  f"(user.mode = 'vs') needs an api:, llama:, lab: or chat shop: simulator")
+        """Verbalized candidates for `vs` (a `VSConfig`, 03_verbalized): per request a dict with `parse` (a `VSParse`),
+        `attempts`, `errors`, `api`."""
+        raise NotImplementedError(
+            f"{self.name}: this speaker cannot verbalize (no `propose`); Verbalized Sampling "
+            f"(user.mode = 'vs') needs an api:, llama:, lab: or chat shop: simulator"
+        )
+
 
 class ScriptedSpeaker(Speaker):
     "A rule-based speaker: `fn(messages) -> text`; e.g. a scripted user for tests and the lab."
+
     def __init__(self, fn: Callable[[list[dict]], str], name: str = "scripted"):
         self.fn, self.name = fn, name
+
     def respond(self, requests, temperature=None):
         return [Reply(self.fn(r.messages)) for r in requests]
+
 
 def echo_user(messages: list[dict]) -> str:
     "The EchoEnv user: says the k-th colour from its system prompt ('say red blue ...') on its k-th turn."
@@ -369,7 +444,15 @@ class RoleTrajectory:
     @classmethod
     def from_dict(cls, d: dict, path: str = "trajectory") -> RoleTrajectory:
         _keys(d, path, ["role", "token_ids", "loss_mask", "logprobs"], ["reward", "status", "model"])
-        t = cls(d["role"], d["token_ids"], d["loss_mask"], d["logprobs"], d.get("reward"), d.get("status", "completed"), d.get("model"))
+        t = cls(
+            d["role"],
+            d["token_ids"],
+            d["loss_mask"],
+            d["logprobs"],
+            d.get("reward"),
+            d.get("status", "completed"),
+            d.get("model"),
+        )
         t.validate(path)
         return t
 
@@ -379,18 +462,36 @@ class RoleTrajectory:
         for k in ("token_ids", "loss_mask", "logprobs"):
             check(isinstance(getattr(self, k), list), f(k), "must be a list")
         n = len(self.token_ids)
-        check(len(self.loss_mask) == n, f("loss_mask"), f"length {len(self.loss_mask)} differs from token_ids length {n}",
-              "one mask entry per token")
-        check(len(self.logprobs) == n, f("logprobs"), f"length {len(self.logprobs)} differs from token_ids length {n}",
-              "one logprob per token (0.0 where loss_mask is 0)")
-        for i, x in enumerate(self.token_ids): check(_is_int(x) and x >= 0, f"{f('token_ids')}[{i}]", f"{x!r} is not a token id (int >= 0)")
-        for i, x in enumerate(self.loss_mask): check(_is_int(x) and x in (0, 1), f"{f('loss_mask')}[{i}]", f"{x!r} is not 0 or 1")
+        check(
+            len(self.loss_mask) == n,
+            f("loss_mask"),
+            f"length {len(self.loss_mask)} differs from token_ids length {n}",
+            "one mask entry per token",
+        )
+        check(
+            len(self.logprobs) == n,
+            f("logprobs"),
+            f"length {len(self.logprobs)} differs from token_ids length {n}",
+            "one logprob per token (0.0 where loss_mask is 0)",
+        )
+        for i, x in enumerate(self.token_ids):
+            check(_is_int(x) and x >= 0, f"{f('token_ids')}[{i}]", f"{x!r} is not a token id (int >= 0)")
+        for i, x in enumerate(self.loss_mask):
+            check(_is_int(x) and x in (0, 1), f"{f('loss_mask')}[{i}]", f"{x!r} is not 0 or 1")
         for i, x in enumerate(self.logprobs):
-            check(_is_num(x) and x <= LOGPROB_TOL, f"{f('logprobs')}[{i}]", f"{x!r} is not a finite log-probability <= 0")
+            check(
+                _is_num(x) and x <= LOGPROB_TOL, f"{f('logprobs')}[{i}]", f"{x!r} is not a finite log-probability <= 0"
+            )
         check(self.status in STATUSES, f("status"), f"{self.status!r} is not a status", f"use one of {STATUSES}")
-        check(self.reward is None or _is_num(self.reward), f("reward"), f"{self.reward!r} is not a finite number or None")
-        check(not (self.status == "failed" and self.reward is not None), f("reward"),
-              "a failed trajectory carries no reward", "set reward=None; failed episodes are excluded, never scored 0")
+        check(
+            self.reward is None or _is_num(self.reward), f("reward"), f"{self.reward!r} is not a finite number or None"
+        )
+        check(
+            not (self.status == "failed" and self.reward is not None),
+            f("reward"),
+            "a failed trajectory carries no reward",
+            "set reward=None; failed episodes are excluded, never scored 0",
+        )
         check(self.model is None or isinstance(self.model, str), f("model"), "must be a string or None")
 
 # %% ../nbs/01_core.ipynb #6a20c73a
@@ -408,24 +509,52 @@ class Episode:
     step: int | None = None      # training step that produced it
     info: dict[str, Any] = field(default_factory=dict)
 
-    _fields = ("task_id", "conversation", "trajectories", "rewards", "status", "error", "group", "sample", "step", "info")
+    _fields = (
+        "task_id",
+        "conversation",
+        "trajectories",
+        "rewards",
+        "status",
+        "error",
+        "group",
+        "sample",
+        "step",
+        "info",
+    )
 
     def to_dict(self) -> dict:
-        return {"task_id": self.task_id, "group": self.group, "sample": self.sample, "step": self.step,
-                "status": self.status, "error": self.error, "rewards": dict(self.rewards), "info": self.info,
-                "conversation": self.conversation.to_dict(),
-                "trajectories": {k: v.to_dict() for k, v in self.trajectories.items()}}
+        return {
+            "task_id": self.task_id,
+            "group": self.group,
+            "sample": self.sample,
+            "step": self.step,
+            "status": self.status,
+            "error": self.error,
+            "rewards": dict(self.rewards),
+            "info": self.info,
+            "conversation": self.conversation.to_dict(),
+            "trajectories": {k: v.to_dict() for k, v in self.trajectories.items()},
+        }
 
     @classmethod
     def from_dict(cls, d: dict, path: str = "") -> Episode:
         _keys(d, path, ["task_id"], [k for k in cls._fields if k != "task_id"])
         trajs = d.get("trajectories") or {}
         check(isinstance(trajs, dict), _join(path, "trajectories"), "must be an object {role: trajectory}")
-        e = cls(task_id=d["task_id"],
-                conversation=Conversation.from_dict(d.get("conversation") or {"turns": []}, _join(path, "conversation")),
-                trajectories={k: RoleTrajectory.from_dict(v, _join(_join(path, "trajectories"), k)) for k, v in trajs.items()},
-                rewards=dict(d.get("rewards") or {}), status=d.get("status", "completed"), error=d.get("error"),
-                group=d.get("group", ""), sample=d.get("sample", 0), step=d.get("step"), info=d.get("info") or {})
+        e = cls(
+            task_id=d["task_id"],
+            conversation=Conversation.from_dict(d.get("conversation") or {"turns": []}, _join(path, "conversation")),
+            trajectories={
+                k: RoleTrajectory.from_dict(v, _join(_join(path, "trajectories"), k)) for k, v in trajs.items()
+            },
+            rewards=dict(d.get("rewards") or {}),
+            status=d.get("status", "completed"),
+            error=d.get("error"),
+            group=d.get("group", ""),
+            sample=d.get("sample", 0),
+            step=d.get("step"),
+            info=d.get("info") or {},
+        )
         e.validate(path)
         return e
 
@@ -434,10 +563,16 @@ class Episode:
         check(isinstance(self.task_id, str) and self.task_id != "", f("task_id"), "must be a non-empty string")
         check(isinstance(self.group, str), f("group"), "must be a string")
         check(_is_int(self.sample) and self.sample >= 0, f("sample"), f"{self.sample!r} is not an index >= 0")
-        check(self.step is None or (_is_int(self.step) and self.step >= 0), f("step"), f"{self.step!r} is not a step >= 0 or None")
+        check(
+            self.step is None or (_is_int(self.step) and self.step >= 0),
+            f("step"),
+            f"{self.step!r} is not a step >= 0 or None",
+        )
         check(self.status in STATUSES, f("status"), f"{self.status!r} is not a status", f"use one of {STATUSES}")
         check(self.error is None or isinstance(self.error, str), f("error"), "must be a string or None")
-        check(self.status != "failed" or bool(self.error), f("error"), "a failed episode must say why", "set error='...'")
+        check(
+            self.status != "failed" or bool(self.error), f("error"), "a failed episode must say why", "set error='...'"
+        )
         self.conversation.validate(f("conversation"))
         for k, tr in self.trajectories.items():
             check(k == tr.role, f"{f('trajectories')}.{k}.role", f"stored under {k!r} but role is {tr.role!r}")
@@ -446,8 +581,12 @@ class Episode:
         for k, r in self.rewards.items():
             check(k in SPEAKERS, _join(f("rewards"), k), "unknown role", f"use one of {SPEAKERS}")
             check(r is None or _is_num(r), _join(f("rewards"), k), f"{r!r} is not a finite number or None")
-            check(not (self.status == "failed" and r is not None), _join(f("rewards"), k),
-                  "a failed episode carries no reward", "set it to None; failed episodes are excluded, never scored 0")
+            check(
+                not (self.status == "failed" and r is not None),
+                _join(f("rewards"), k),
+                "a failed episode carries no reward",
+                "set it to None; failed episodes are excluded, never scored 0",
+            )
         check(isinstance(self.info, dict), f("info"), "must be an object")
         _check_json(self.info, f("info"))
 
@@ -484,16 +623,21 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text); f.flush(); os.fsync(f.fileno())
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        if os.path.exists(tmp): os.unlink(tmp)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
         raise
     return path
+
 
 def _dumps(d: dict) -> str:
     "One compact JSON line; ASCII escapes keep any Python string (lone surrogates included) exactly."
     return json.dumps(d, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
+
 
 def write_jsonl(path: str | os.PathLike, episodes: Iterable[Episode]) -> Path:
     "Validate and write `episodes`, one JSON object per line, atomically."
@@ -503,22 +647,30 @@ def write_jsonl(path: str | os.PathLike, episodes: Iterable[Episode]) -> Path:
         lines.append(_dumps(e.to_dict()))
     return atomic_write_text(path, "".join(l + "\n" for l in lines))
 
+
 def read_jsonl(path: str | os.PathLike) -> list[Episode]:
     "Read episodes written by `write_jsonl`; errors name `file:line` and the field."
     out = []
     with open(path, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
-            if not line.strip(): continue
+            if not line.strip():
+                continue
             where = f"{Path(path).name}:{n}"
-            try: d = json.loads(line)
-            except json.JSONDecodeError as e: raise ValidationError(where, f"not valid JSON ({e.msg} at column {e.colno})") from None
-            try: out.append(Episode.from_dict(d))
-            except ValidationError as e: raise ValidationError(f"{where}: {e.field}", e.problem) from None
+            try:
+                d = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValidationError(where, f"not valid JSON ({e.msg} at column {e.colno})") from None
+            try:
+                out.append(Episode.from_dict(d))
+            except ValidationError as e:
+                raise ValidationError(f"{where}: {e.field}", e.problem) from None
     return out
+
 
 def save_figure(fig, out: str | os.PathLike, name: str) -> list[Path]:
     "Write `fig` as out/name.png (130 dpi) and out/name.svg, each atomically, and close it."
     import matplotlib.pyplot as plt
+
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()

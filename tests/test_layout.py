@@ -34,3 +34,17 @@ def test_shared_number_and_stale_known_line_fail(tmp_path):
     r = _check(root)
     assert r.returncode == 1
     assert "notebooks share the number 31" in r.stdout and "core -> run no longer occurs" in r.stdout, r.stdout
+
+
+def _style(root):
+    return subprocess.run([sys.executable, str(ROOT / "tools" / "check_style.py"), "--root", str(root)], capture_output=True, text=True)
+
+
+def test_style_passes_and_fails_on_a_long_line_or_a_semicolon(tmp_path):
+    assert _style(ROOT).returncode == 0, _style(ROOT).stdout
+    root = _copy(tmp_path)
+    core = root / "scope_nb" / "core.py"
+    core.write_text(core.read_text() + "\n\nx = 1; y = 2\nz = '" + "a" * 130 + "'\n")
+    r = _style(root)
+    n = len(core.read_text().splitlines())
+    assert r.returncode == 1 and f"core.py:{n - 1}: ';' joins two statements" in r.stdout and f"core.py:{n}: 136 characters" in r.stdout, r.stdout
