@@ -278,7 +278,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _experiment(args) -> None:
-    from scope_nb.experiments import EXPERIMENTS, get_experiment, run_experiment, write_configs
+    from scope_nb.experiments import EXPERIMENTS, get_experiment
+    from scope_nb.runner import run_experiment, write_configs
     from scope_nb.report import table_markdown
 
     if args.xcmd == "list":
@@ -393,7 +394,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "report":
             from scope_nb.report import report, table_markdown, comparisons_markdown
             from pathlib import Path
-            from scope_nb.experiments import EXPERIMENTS, method_comparisons
+            from scope_nb.experiments import EXPERIMENTS
+            from scope_nb.runner import method_comparisons
 
             parents = {(Path(r).resolve().parent.parent.name, Path(r).resolve().parent.name) for r in args.runs}
             comp = (
@@ -445,7 +447,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.conversation:
                 demo_conversation(args.model, rounds=args.rounds, max_new_tokens=args.max_new_tokens, seed=args.seed)
             else:
-                from scope_nb.experiments import DEMO_ARMS, run_experiment
+                from scope_nb.experiments import DEMO_ARMS
+                from scope_nb.runner import run_experiment
                 from scope_nb.report import table_markdown
 
                 res = run_experiment("collapse-lab", "lab", range(args.seeds), args.out, args.jobs, list(DEMO_ARMS))

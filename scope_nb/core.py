@@ -4,9 +4,8 @@
 
 # %% ../nbs/01_core.ipynb #d4816902
 from __future__ import annotations
-import difflib, json, math, os, re, socket, tempfile, typing
+import difflib, json, math, re, socket, typing
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Iterable
 from pydantic import BaseModel, ConfigDict
 from pydantic import ValidationError as PydanticValidationError
@@ -15,8 +14,7 @@ from pydantic import ValidationError as PydanticValidationError
 __all__ = ['CHAT_ROLES', 'SPEAKERS', 'STATUSES', 'LOGPROB_TOL', 'ValidationError', 'check', 'Settings', 'settings_model',
            'settings_errors', 'parse_settings', 'ToolCall', 'Message', 'other', 'Turn', 'Conversation',
            'parse_tool_calls', 'Request', 'Reply', 'Speaker', 'ScriptedSpeaker', 'echo_user', 'RoleTrajectory',
-           'Episode', 'Group', 'group_episodes', 'free_port', 'atomic_write_text', 'write_jsonl', 'read_jsonl',
-           'save_figure']
+           'Episode', 'Group', 'group_episodes', 'free_port']
 
 # %% ../nbs/01_core.ipynb #582d8725
 class ValidationError(ValueError):
@@ -615,69 +613,3 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    "Write `text` to `path` atomically (temp file in the same directory + `os.replace`)."
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
-
-
-def _dumps(d: dict) -> str:
-    "One compact JSON line; ASCII escapes keep any Python string (lone surrogates included) exactly."
-    return json.dumps(d, ensure_ascii=True, allow_nan=False, separators=(",", ":"))
-
-
-def write_jsonl(path: str | os.PathLike, episodes: Iterable[Episode]) -> Path:
-    "Validate and write `episodes`, one JSON object per line, atomically."
-    lines = []
-    for i, e in enumerate(episodes):
-        e.validate(f"episodes[{i}]")
-        lines.append(_dumps(e.to_dict()))
-    return atomic_write_text(path, "".join(l + "\n" for l in lines))
-
-
-def read_jsonl(path: str | os.PathLike) -> list[Episode]:
-    "Read episodes written by `write_jsonl`; errors name `file:line` and the field."
-    out = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{Path(path).name}:{n}"
-            try:
-                d = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValidationError(where, f"not valid JSON ({e.msg} at column {e.colno})") from None
-            try:
-                out.append(Episode.from_dict(d))
-            except ValidationError as e:
-                raise ValidationError(f"{where}: {e.field}", e.problem) from None
-    return out
-
-
-def save_figure(fig, out: str | os.PathLike, name: str) -> list[Path]:
-    "Write `fig` as out/name.png (130 dpi) and out/name.svg, each atomically, and close it."
-    import matplotlib.pyplot as plt
-
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    paths = [out / f"{name}.png", out / f"{name}.svg"]
-    for p in paths:
-        tmp = p.with_name(f".{p.name}.tmp")
-        fig.savefig(tmp, dpi=130, bbox_inches="tight", format=p.suffix[1:])
-        os.replace(tmp, p)
-    plt.close(fig)
-    return paths

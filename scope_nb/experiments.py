@@ -4,21 +4,18 @@
 
 # %% ../nbs/41_experiments.ipynb #8a9e2505
 from __future__ import annotations
-import copy, os, time
-import numpy as np
+import copy
 from dataclasses import dataclass, field
 from pathlib import Path
-from .config import Config, ConfigError, apply_overrides, from_dict, to_dict, to_toml, validate
+from .config import Config, ConfigError, apply_overrides, from_dict, validate
 from .lab import SEEN_FAMILIES, UNSEEN_FAMILIES
-from .llama_server import llama_threads
 from .shop import SHOP_SEEN, SHOP_UNSEEN
 
 # %% auto #0
 __all__ = ['LAB_BASE', 'LAB_METHODS', 'LAB_COMPARISONS', 'DEMO_ARMS', 'SHOP_TOP', 'SHOP_BASE', 'SHOP_METHODS', 'SHOP_COMPARISONS',
            'CPU_LLM_METHODS', 'ROUTER', 'PAPER_PANEL', 'MAX_TURNS', 'COOP_ARMS', 'EXPERIMENTS', 'Arm', 'Experiment',
            'merge', 'lab_panel', 'cpu_llm_base', 'shop_panel', 'gpu_base', 'gpu_methods', 'get_experiment',
-           'experiment_dicts', 'experiment_configs', 'run_finished', 'method_comparisons', 'fig_sweep',
-           'run_experiment', 'write_configs']
+           'experiment_dicts', 'experiment_configs']
 
 # %% ../nbs/41_experiments.ipynb #4e8fd8ec
 @dataclass
@@ -348,7 +345,7 @@ EXPERIMENTS: dict[str, Experiment] = {
             "the shop game's real-LLM customer families: behaviour distributions, ε and TV to the pooled "
             "population, plain, with personas and under Verbalized Sampling",
             {"cpu-llm": ({}, [])},
-            measure="scope_nb.shop:run_measurement",
+            measure="scope_nb.shop_measure:run_measurement",
         ),
         Experiment(
             "llm-collapse",
@@ -358,7 +355,7 @@ EXPERIMENTS: dict[str, Experiment] = {
             "collapsed family, Ensemble, VS, Co-Training; the simulators measured first",
             {"cpu-llm": (SHOP_BASE, SHOP_METHODS)},
             comparisons=SHOP_COMPARISONS,
-            measure="scope_nb.shop:run_measurement",
+            measure="scope_nb.shop_measure:run_measurement",
         ),
         _table1("p4g", "Table 1, P4G column"),
         _table1("tau2-retail", "Table 1, τ² retail"),
@@ -530,163 +527,3 @@ def experiment_configs(
         except ConfigError as err:
             raise ConfigError(f"{name} / {d['run']['name']}: {err}") from None
     return out_cfgs
-
-# %% ../nbs/41_experiments.ipynb #a3c495fe
-def run_finished(cfg: Config) -> bool:
-    "Whether the run folder holds a metrics row for the last step (and, when it trains, a checkpoint of it)."
-    from scope_nb.run import read_metrics, latest_checkpoint
-    rows = read_metrics(cfg.run_dir / "metrics.jsonl")
-    if not rows or rows[-1].get("step") != cfg.run.steps: return False
-    return cfg.run.steps == 0 or (latest_checkpoint(cfg.run_dir) or (None,))[0] == cfg.run.steps
-
-def _llama_threads(n: str):
-    "Pool worker start-up: its llama.cpp servers take `n` threads unless the user set SCOPE_LLAMA_THREADS."
-    os.environ.setdefault("SCOPE_LLAMA_THREADS", n)
-
-def _run_one(d: dict) -> tuple[str, float, str | None]:
-    "Worker: train one config dict (resuming if its folder holds a started run); returns (run dir, seconds, error)."
-    import torch
-    import transformers
-    from scope_nb.run import train
-    torch.set_num_threads(1)
-    transformers.utils.logging.disable_progress_bar()   # per-save progress bars would bury the experiment's own bar
-    t0 = time.perf_counter()
-    cfg = validate(from_dict(Config, d))
-    try:
-        train(cfg, resume=(cfg.run_dir / "config.toml").exists(), progress=False)
-        return str(cfg.run_dir), time.perf_counter() - t0, None
-    except Exception as e:  # one failed arm must not lose the others
-        return str(cfg.run_dir), time.perf_counter() - t0, f"{type(e).__name__}: {e}"
-
-def method_comparisons(name: str, scale: str) -> list[tuple[str, str, str]]:
-    "An experiment's (arm, control, what) comparisons as method labels, for `report`."
-    e = get_experiment(name)
-    if scale not in e.scales: return []
-    label = {a.name: a.method for a in e.scales[scale][1]}
-    return [(label[a], label[c], w) for a, c, w in e.comparisons if a in label and c in label]
-
-def fig_sweep(table: list[dict], name: str, scale: str, out) -> list:
-    "Dose-response of an experiment's `sweep`: final and AUC of eval/unseen per arm value, mean and 95% CI over seeds."
-    import matplotlib
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-    from scope_nb.core import save_figure
-    e = get_experiment(name)
-    label = {a.name: a.method for a in e.scales[scale][1]}
-    rows = {(r["method"], r["metric"]): r for r in table}
-    fig, ax = plt.subplots(figsize=(4.2, 3.0))
-    for stat, c in (("final", "C0"), ("auc", "C1")):
-        pts = [
-            (x, rows[(label[a], "eval/unseen")])
-            for a, x in e.sweep["values"].items()
-            if (label.get(a), "eval/unseen") in rows
-        ]
-        if not pts:
-            continue
-        xs, rs = [p[0] for p in pts], [p[1] for p in pts]
-        m = np.array([r[stat] for r in rs])
-        lo = np.array([r[stat + "_lo"] for r in rs])
-        hi = np.array([r[stat + "_hi"] for r in rs])
-        ax.errorbar(
-            xs,
-            m,
-            yerr=[np.nan_to_num(m - lo), np.nan_to_num(hi - m)],
-            color=c,
-            marker="o",
-            capsize=3,
-            label=f"{stat} (95% CI)",
-        )
-    ax.set(xlabel=e.sweep["x"], ylabel="held-out reward, unseen families", title=f"{name}: dose-response")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    return save_figure(fig, Path(out), f"{name}_sweep")
-
-
-def run_experiment(
-    name: str,
-    scale: str = "lab",
-    seeds=(0,),
-    out: str = "runs/experiments",
-    jobs: int = 2,
-    arms=None,
-    steps: int | None = None,
-    progress: bool = True,
-    echo=print,
-    overrides=None,
-) -> dict:
-    "Run (or continue) every arm × seed of an experiment, then write its report; returns the report summary."
-    from concurrent.futures import ProcessPoolExecutor
-    import multiprocessing as mp
-    from tqdm.auto import tqdm
-    from scope_nb.report import report
-
-    cfgs = experiment_configs(name, scale, seeds, out, arms, steps, overrides)
-    todo = [c for c in cfgs if not run_finished(c)]
-    res_measure, exp, errors, t0 = None, get_experiment(name), {}, time.perf_counter()
-    if exp.measure:  # e.g. the simulators measured before any training
-        import importlib
-
-        mod, fn = exp.measure.split(":")
-        res_measure = getattr(importlib.import_module(mod), fn)(
-            Path(out) / name / scale / "measure", echo=echo, progress=progress
-        )
-    if not cfgs:
-        return dict(
-            measure=res_measure,
-            table=[],
-            figures=[],
-            comparisons=[],
-            errors={},
-            seconds=time.perf_counter() - t0,
-            report_dir=str(Path(out) / name / scale / "measure"),
-        )
-    echo(f"{name} [{scale}]: {len(cfgs)} runs ({len(cfgs) - len(todo)} already finished) in {Path(out) / name / scale}")
-    bar = tqdm(total=len(todo), desc=f"{name} [{scale}]", disable=not progress or not todo)
-    if jobs > 1 and len(todo) > 1:
-        from concurrent.futures import as_completed
-
-        threads = str(llama_threads(jobs))  # the runs' llama.cpp servers share the cores (21_llama_server)
-        with ProcessPoolExecutor(
-            min(jobs, len(todo)), mp_context=mp.get_context("spawn"), initializer=_llama_threads, initargs=(threads,)
-        ) as ex:
-            for f in as_completed([ex.submit(_run_one, to_dict(c)) for c in todo]):
-                run_dir, secs, err = f.result()
-                if err:
-                    errors[run_dir] = err
-                bar.update(1)
-    else:
-        for c in todo:
-            run_dir, secs, err = _run_one(to_dict(c))
-            if err:
-                errors[run_dir] = err
-            bar.update(1)
-    bar.close()
-    for d, e in errors.items():
-        echo(f"error: run {d} failed: {e}")
-    res = report(
-        [c.run_dir for c in cfgs],
-        Path(out) / name / scale / "report",
-        echo=echo,
-        comparisons=method_comparisons(name, scale),
-    )
-    if exp.sweep:
-        res["figures"] += [str(p) for p in fig_sweep(res["table"], name, scale, Path(out) / name / scale / "report")]
-    res.update(
-        errors=errors,
-        seconds=time.perf_counter() - t0,
-        report_dir=str(Path(out) / name / scale / "report"),
-        measure=res_measure,
-    )
-    return res
-
-
-def write_configs(name: str, scale: str, out: str, seeds=(0,), settings: str = "paper") -> list[Path]:
-    """Write each arm × seed of an experiment as a TOML file under `out` (any scale; the gpu configs are not validated
-    here)."""
-    paths = []
-    for d in experiment_dicts(name, scale, seeds, "runs/experiments", settings=settings):
-        p = Path(out) / f"{name}-{scale}-{d['run']['name']}.toml"
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(to_toml(d))
-        paths.append(p)
-    return paths

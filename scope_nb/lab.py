@@ -404,7 +404,7 @@ def _method_panels(groups, draw, ylabel: str, title: str, out, name: str) -> lis
     import matplotlib
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
-    from scope_nb.core import save_figure
+    from scope_nb.files import save_figure
     groups = {m: rs for m, rs in groups.items() if any(r.series("train/reward")[0].size for r in rs)}
     n = max(1, len(groups))
     cols = min(5, n)

@@ -8,7 +8,7 @@ import json, os, shutil, signal, socket, subprocess, time
 from dataclasses import dataclass, field
 from pathlib import Path
 from .config import ConfigError, to_toml
-from .core import atomic_write_text
+from .files import atomic_write_text
 from .experiments import EXPERIMENTS, experiment_dicts, get_experiment
 from .specs import kind_of, UserSettings
 

@@ -8,7 +8,7 @@ import csv, io, json, tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
-from .core import atomic_write_text, save_figure
+from .files import atomic_write_text, save_figure
 
 # %% auto #0
 __all__ = ['PANEL_CELLS', 'RunLog', 'method_label', 'load_run', 'by_method', 'seed_band', 'curve_stats', 'mean_ci', 'diff_ci',

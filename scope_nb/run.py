@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from .config import Config, ConfigError, PanelEntry, to_dict, to_toml
-from .core import atomic_write_text, Speaker, write_jsonl
+from .core import Speaker
+from .files import atomic_write_text, write_jsonl
 from .envs import Env, make_env
 from .grpo import GRPOTrainer, group_stats, role_items
 from .rollout import rollout

@@ -7,7 +7,8 @@ from __future__ import annotations
 import dataclasses, json, os, shutil
 from pathlib import Path
 import numpy as np
-from .core import atomic_write_text, Request, Speaker
+from .core import Request, Speaker
+from .files import atomic_write_text
 from .simulators import ApiConfig, episode_rng
 
 # %% auto #0

@@ -8,7 +8,7 @@ import json
 from collections import Counter
 from pathlib import Path
 import numpy as np
-from .core import atomic_write_text, write_jsonl
+from .files import atomic_write_text, write_jsonl
 from .envs import make_env
 from .rollout import rollout
 from .sim_modes import Servers

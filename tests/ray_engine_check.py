@@ -6,7 +6,7 @@ warnings.filterwarnings("ignore")
 import torch
 from fake_sglang import FakeSGLang
 from scope_nb.config import Config, from_dict, validate
-from scope_nb.core import read_jsonl
+from scope_nb.files import read_jsonl
 from scope_nb.experiments import experiment_dicts
 from scope_nb.lab import lab_agent
 from scope_nb.ray_backend import RayBackend

@@ -4,7 +4,8 @@ import json, subprocess, sys
 from pathlib import Path
 import numpy as np
 import pytest
-from scope_nb.experiments import experiment_configs, run_experiment
+from scope_nb.experiments import experiment_configs
+from scope_nb.runner import run_experiment
 from scope_nb.config import Config, from_dict, to_dict, validate
 from scope_nb.report import load_run
 

@@ -48,7 +48,7 @@ def test_evaluation_never_draws_a_training_persona(tmp_path):
     agent, user = ScriptedSpeaker(lambda m: "Would you donate?", "a"), ScriptedSpeaker(lambda m: "[DONATE $1]", "u")
     from scope_nb.config import PanelEntry
     out = evaluate(cfg, env, agent, [(PanelEntry(name="u", model="scripted:echo"), user)], 0, tmp_path)
-    from scope_nb.core import read_jsonl
+    from scope_nb.files import read_jsonl
     eps = read_jsonl(tmp_path / "eval" / "step_000000" / "u.jsonl")
     assert eps and not {e.task_id.split("/")[1] for e in eps} & train
     assert out["eval/u/reward"] == 0.5

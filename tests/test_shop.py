@@ -4,7 +4,8 @@ import json, subprocess, sys, time
 from pathlib import Path
 import numpy as np
 import pytest
-from scope_nb.shop import SHOP_FAMILIES, label_concern, measure_family, run_measurement, shop_speaker, CONCERNS
+from scope_nb.shop import SHOP_FAMILIES, label_concern, shop_speaker, CONCERNS
+from scope_nb.shop_measure import measure_family, run_measurement
 from scope_nb.sim_modes import Servers
 
 SCOPE = str(Path(sys.executable).parent / "scope")

@@ -65,8 +65,9 @@ def test_simulate_vs_writes_jsonl_and_summary(tmp_path):
 
 
 def test_faults_are_retried_counted_and_exhaustion_fails_with_reason(server):
-    with FaultProxy(server.base_url, rate=0.2, seed=1, hang=6.0) as proxy:
-        sp = _speaker(proxy.base_url, server.model_name, timeout=4.0, backoff=0.05, max_backoff=0.2, max_retry_after=1.0)
+    # the client's timeout must only catch the proxy's injected hangs, never a slow answer of a busy machine
+    with FaultProxy(server.base_url, rate=0.2, seed=1, hang=45.0) as proxy:
+        sp = _speaker(proxy.base_url, server.model_name, timeout=30.0, backoff=0.05, max_backoff=0.2, max_retry_after=1.0)
         replies = []
         for b in range(5):  # 50 simulated turns
             replies += sp.respond([Request(MSGS, key=f"b{b}/{i}") for i in range(10)])

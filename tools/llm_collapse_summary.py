@@ -5,13 +5,14 @@
 Per arm: training reward (mean of steps 1-5 -> 16-20) and the zero-variance fraction and entropy at step 1 -> last,
 per seed; final seen / unseen reward pooled over seeds with a bootstrap 95% interval over evaluation episodes;
 reward per family; then differences between arms over episodes (bootstrap), the Gemma-families contrast against
-the base agent, the move table (`34_shop.move_table`) and the measurement's seconds. Intervals over seeds are in the
+the base agent, the move table (`38_shop_measure.move_table`) and the measurement's seconds. Intervals over seeds are in the
 experiment's `report/comparisons.md` and `report/table.md` (`scope experiment run` writes them)."""
 import argparse, json
 from pathlib import Path
 import numpy as np
 from scope_nb.report import load_run
-from scope_nb.shop import SHOP_SEEN, eval_moves, move_summary, move_table
+from scope_nb.shop import SHOP_SEEN
+from scope_nb.shop_measure import eval_moves, move_summary, move_table
 
 COMPARISONS = (("ensemble", "rl-single"), ("vs", "rl-single"), ("co-training", "rl-single"), ("rl-single", "base"))
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import csv, io, json, math
 from pathlib import Path
 import numpy as np
-from ..core import atomic_write_text
+from ..files import atomic_write_text
 from .store import ADVERSARIAL_AIRLINE, P4G_ITEMS, REVERSED, TAU2_ITEMS
 
 # %% auto #0
