@@ -4,14 +4,15 @@
 
 # %% ../nbs/02_models.ipynb #019478e8
 from __future__ import annotations
-import hashlib, importlib.metadata as md, os, shutil, tempfile, time
+import hashlib, importlib.metadata as md, os, re, shutil, tempfile, time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 # %% auto #0
-__all__ = ['PACKAGED_MODELS', 'PackagedModel', 'ModelNotFound', 'cache_dir', 'packaged_model', 'model_files', 'model_installed',
-           'model_path', 'LoadedLM', 'load_causal_lm', 'render_chat', 'generate_chat', 'Embedder', 'load_embedder']
+__all__ = ['PACKAGED_MODELS', 'HUB_ID', 'HUB_HINT', 'PackagedModel', 'ModelNotFound', 'cache_dir', 'packaged_model',
+           'model_files', 'model_installed', 'model_path', 'LoadedLM', 'is_hub_id', 'hub_snapshot', 'load_causal_lm',
+           'render_chat', 'generate_chat', 'Embedder', 'load_embedder']
 
 # %% ../nbs/02_models.ipynb #b0492365
 @dataclass(frozen=True)
@@ -190,6 +191,23 @@ def _import_classes(folder: Path):
     return AutoModelForCausalLM._model_mapping[type(cfg)]
 
 
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+HUB_HINT = ("a Hugging Face hub id with no copy on this machine (nothing is downloaded here): download it first "
+            "(`hf download ID` on a GPU node), or give a local path")
+
+def is_hub_id(spec: str) -> bool:
+    "`org/name` that is not an existing path: a Hugging Face hub model id (the GPU launchers' agents and simulators)."
+    return bool(HUB_ID.fullmatch(spec)) and not Path(spec).exists()
+
+def hub_snapshot(repo_id: str) -> Path | None:
+    "The snapshot folder of hub model `repo_id` in the local Hugging Face cache (`$HF_HUB_CACHE`), or None."
+    from huggingface_hub import snapshot_download
+    try:
+        return Path(snapshot_download(repo_id, local_files_only=True, cache_dir=os.environ.get("HF_HUB_CACHE") or None))
+    except Exception:
+        return None
+
+
 def load_causal_lm(name: str, dtype: str = "float32", cache: bool = True) -> LoadedLM:
     "Load packaged model `name` (or a GGUF file / HF folder path) on the CPU; caches a safetensors copy."
     t0 = time.perf_counter()
@@ -217,7 +235,11 @@ def load_causal_lm(name: str, dtype: str = "float32", cache: bool = True) -> Loa
                 _save_copy(model, tok, dest)
     else:
         p = Path(name)
-        if not p.exists():
+        if is_hub_id(name):
+            p = hub_snapshot(name)
+            if p is None:
+                raise ModelNotFound(f"{name!r}: {HUB_HINT}")
+        elif not p.exists():
             packaged_model(name)  # raises with the list of known names
         src, path = "path", p
         kw = dict(gguf_file=p.name) if p.suffix == ".gguf" else {}

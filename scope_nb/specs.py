@@ -11,7 +11,7 @@ from typing import Any, Callable, Literal
 from pydantic import Field, field_validator
 from .core import echo_user, ScriptedSpeaker, Settings, Speaker
 from .llama_server import llama_cpp_available
-from .models import PACKAGED_MODELS, load_causal_lm, model_installed
+from .models import HUB_HINT, PACKAGED_MODELS, hub_snapshot, is_hub_id, load_causal_lm, model_installed
 from .sim_modes import CheckpointPool, PersonaGuided, PoolSpeaker, Rotation, Servers, load_personas
 from .simulators import ApiConfig, ApiSpeaker, Verbalized
 from .training import LocalPolicy, tiny_policy
@@ -272,6 +272,9 @@ def _check_scripted(spec, vocab, role):
         raise ValueError(f"unknown scripted speaker; known: {', '.join('scripted:' + s for s in SCRIPTED_FNS)}")
 
 
+def _check_hub(spec, vocab, role):
+    if hub_snapshot(spec) is None: raise ValueError(HUB_HINT)
+
 def _check_local(spec, vocab, role):
     if spec in PACKAGED_MODELS:
         if not model_installed(spec):
@@ -307,6 +310,7 @@ for _k in (SpecKind("tiny", lambda s: s == "tiny", _check_tiny, _build_local, tr
            SpecKind("llama", _starts("llama:"), _check_llama, _build_api, verbalizes=_yes, structured=_OBJ),
            SpecKind("api", _starts("api:"), _check_api, _build_api, verbalizes=_yes, api=True),
            SpecKind("scripted", _starts("scripted:"), _check_scripted, _build_scripted),
+           SpecKind("hub", is_hub_id, _check_hub, _build_local, trainable=_yes),   # org/name: GPU nodes download these
            SpecKind("local", _yes, _check_local, _build_local, trainable=_yes)):   # packaged name or path: always last
     register_kind(_k)
 

@@ -63,3 +63,27 @@ def test_load_from_path(tmp_path):
     "Any GGUF file path works as well as a packaged name."
     lm = load_causal_lm(str(model_path("smollm2")), cache=False)
     assert lm.source == "path" and lm.has_chat_template
+
+
+def test_hub_ids_load_from_the_local_hf_cache_and_fail_clearly_when_absent(tmp_path, monkeypatch):
+    "A GPU node's agent is a hub id (`org/name`): it resolves through the Hugging Face cache, never the network."
+    from scope_nb.config import ConfigError, load_config
+    from scope_nb.specs import build_speaker, check_spec, kind_of
+    lm = load_causal_lm("smollm2")   # the packaged model's safetensors copy stands in for a downloaded hub model
+    src = next(Path(models.cache_dir(), "hf").glob("smollm2-*"))
+    snap = tmp_path / "hub" / "models--scope-test--tiny-chat" / "snapshots" / "0123abcd"
+    snap.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.name != "COMPLETE": (snap / f.name).symlink_to(f)
+    (snap.parent.parent / "refs").mkdir()
+    (snap.parent.parent / "refs" / "main").write_text("0123abcd")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert kind_of("scope-test/tiny-chat").name == "hub" and kind_of("scope-test/tiny-chat").trainable("scope-test/tiny-chat")
+    check_spec("scope-test/tiny-chat", "agent.model")
+    pol = build_speaker("scope-test/tiny-chat", None, None, "agent", 0, trainable=True)
+    assert sum(p.numel() for p in pol.model.parameters()) == sum(p.numel() for p in lm.model.parameters())
+    with pytest.raises(ValueError, match="hub id with no copy on this machine"): check_spec("scope-test/absent", "agent.model")
+    with pytest.raises(ConfigError, match=r"agent.model = 'scope-test/absent': a Hugging Face hub id"):
+        load_config(overrides=["agent.model='scope-test/absent'", "env.name='ask'"])
+    with pytest.raises(ModelNotFound, match="hub id with no copy"): load_causal_lm("scope-test/absent")
