@@ -35,6 +35,13 @@ class RunSection(Settings):
         10, ge=0, le=10**7, description="GRPO steps; 0 evaluates the initial policy only (the 'Base' row)"
     )
     method: str = Field("", description="label in reports; '' = derived from the user settings (40_report)")
+    max_failed_frac: float = Field(
+        0.2,
+        ge=0,
+        le=1,
+        description="the run stops (exit code 2) when more than this share of "
+        "a step's or an evaluation's episodes fail, naming the first error; 1 = never",
+    )
 
     @field_validator("name")
     @classmethod

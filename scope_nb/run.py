@@ -21,7 +21,8 @@ from .specs import build_speaker, build_user
 
 # %% auto #0
 __all__ = ['append_metrics', 'read_metrics', 'summarize', 'save_checkpoint', 'latest_checkpoint', 'load_checkpoint',
-           'default_panel', 'evaluate', 'apply_sim_reward', 'build_run_speakers', 'train', 'Run']
+           'default_panel', 'RunFailed', 'check_failures', 'evaluate', 'apply_sim_reward', 'build_run_speakers',
+           'train', 'Run']
 
 # %% ../nbs/37_run.ipynb #c7690405
 def _seed(seed: int, step: int, k: int = 0) -> int: return (seed * 1_000_003 + step * 7_919 + k * 104_729) % 2**31
@@ -119,6 +120,22 @@ def default_panel(cfg: Config) -> list[PanelEntry]:
     ]
 
 
+class RunFailed(RuntimeError):
+    """The run stopped on purpose: too many failed episodes, or a non-finite update; the message names step, speaker,
+    error."""
+
+
+def check_failures(episodes, cfg: Config, step: int, what: str):
+    "The failure budget: raise `RunFailed` when more than `run.max_failed_frac` of `episodes` failed."
+    failed = [e for e in episodes if e.status == "failed"]
+    if episodes and len(failed) / len(episodes) > cfg.run.max_failed_frac:
+        e = failed[0]
+        raise RunFailed(
+            f"step {step}: {len(failed)} of {len(episodes)} {what} failed (more than run.max_failed_frac = "
+            f"{cfg.run.max_failed_frac:g}); the first, task {e.task_id} sample {e.sample}: {e.error}"
+        )
+
+
 def evaluate(
     cfg: Config, env: Env, agent: Speaker, panel: list[tuple[PanelEntry, Speaker]], step: int, run_dir: Path
 ) -> dict:
@@ -140,6 +157,7 @@ def evaluate(
             tag=f"eval:{entry.name}:",
         )
         write_jsonl(Path(run_dir) / "eval" / f"step_{step:06d}" / f"{entry.name}.jsonl", res.episodes)
+        check_failures(res.episodes, cfg, step, f"evaluation episodes against {entry.name}")
         r = [e.rewards["agent"] for e in res.episodes if e.status != "failed"]
         m = float(np.mean(r)) if r else None
         out[f"eval/{entry.name}/reward"], out[f"eval/{entry.name}/reward_std"] = m, float(np.std(r)) if r else None
@@ -282,8 +300,9 @@ def _collect(run: Run, step: int, backend, row: dict) -> list:
     return res.episodes
 
 
-def _update(run: Run, eps: list, row: dict):
-    "Stage 4: one GRPO update per trained policy on the items of the roles it plays (Eq. 2)."
+def _update(run: Run, eps: list, row: dict, step: int):
+    """Stage 4: one GRPO update per trained policy on the items of the roles it plays (Eq. 2); failed episodes carry no
+    reward and enter no update. A non-finite loss or gradient norm stops the run before anything is saved."""
     cfg, t0 = run.cfg, time.perf_counter()
     for name, tr in run.trainers.items():
         items = []
@@ -296,6 +315,11 @@ def _update(run: Run, eps: list, row: dict):
             if r == "agent":
                 row.update({f"train/{k}": v for k, v in group_stats(groups).items()})
         st = tr.step(items)
+        bad = [k for k in ("loss", "grad_norm") if not math.isfinite(st[k])]
+        if bad:
+            roles = ", ".join(run.plays[name])
+            raise RunFailed(f"step {step}: the update of {name} ({roles}) gave a non-finite {' and '.join(bad)}; "
+                            "nothing of this step was saved (lower grpo.lr, or check the rewards)")
         prefix = "train" if "agent" in run.plays[name] else "sim"
         row.update({f"{prefix}/{k}": st[k] for k in ("entropy", "kl", "clipfrac", "grad_norm", "loss", "tokens")})
     row["time/train"] = time.perf_counter() - t0
@@ -366,7 +390,13 @@ def _train(cfg: Config, resume: bool, progress: bool, servers: Servers, backend=
         t_step, row = time.perf_counter(), {"step": step}
         if step > 0:
             eps = _collect(run, step, backend, row)
-            _update(run, eps, row)
+            try:
+                check_failures(eps, cfg, step, "training episodes")
+            except RunFailed:  # the stopped step's metrics still say what failed
+                _train_metrics(run, eps, row)
+                append_metrics(run.mpath, {**row, "wall_time": time.time()})
+                raise
+            _update(run, eps, row, step)
             _measure_collapse(run, eps, step, row)
             _train_metrics(run, eps, row)
         _after_step(run, step, row, t_step)

@@ -77,3 +77,47 @@ def test_bad_input_fails_before_any_work(tmp_path, override, message):
 def test_resume_without_a_run_is_a_clear_error(tmp_path):
     r = _cli(ECHO, "--set", f"run.out_dir='{tmp_path}'", "--resume")
     assert r.returncode == 2 and "holds no run" in r.stderr
+
+
+def _boom(messages):
+    raise RuntimeError("simulator down")
+
+
+def test_failure_budget_stops_a_run_whose_simulator_always_fails(tmp_path):
+    "Every training episode failing (a broken simulator) stops the run at step 1 with the error, never trains on it."
+    from scope_nb.run import RunFailed
+    from scope_nb.specs import SCRIPTED_FNS
+    SCRIPTED_FNS["boom"] = _boom
+    try:
+        panel = "eval.panel=[{name='echo', model='scripted:echo', seen=true}]"   # evaluation works, training does not
+        cfg = load_config(ECHO, [f"run.out_dir='{tmp_path}'", "run.name='r'", "user.model='scripted:boom'", panel])
+        with pytest.raises(RunFailed, match=r"step 1: 64 of 64 training episodes failed .*user \(user\): "
+                                             r"RuntimeError: simulator down"):
+            train(cfg, progress=False)
+        rows = read_metrics(tmp_path / "r" / "metrics.jsonl")
+        assert [r["step"] for r in rows] == [0, 1] and rows[1]["train/frac_failed"] == 1.0 and "train/loss" not in rows[1]
+        assert not (tmp_path / "r" / "checkpoints").exists()
+        cfg = load_config(ECHO, [f"run.out_dir='{tmp_path}'", "run.name='e'", "user.model='scripted:boom'"])
+        with pytest.raises(RunFailed, match="step 0: 32 of 32 evaluation episodes against scripted-boom failed"):
+            train(cfg, progress=False)   # the default panel is the training user: evaluation fails first
+        cfg = load_config(ECHO, [f"run.out_dir='{tmp_path}'", "run.name='b'", "user.model='scripted:boom'", panel,
+                                 "run.max_failed_frac=1.0", "run.steps=2"])
+        assert read_metrics(train(cfg, progress=False) / "metrics.jsonl")[-1]["train/frac_failed"] == 1.0   # 1 = never stop
+    finally:
+        del SCRIPTED_FNS["boom"]
+
+
+def test_a_non_finite_update_stops_the_run_before_anything_is_saved(tmp_path, monkeypatch):
+    "A NaN loss (injected into the real trainer's result) stops the run naming the step; no checkpoint is written."
+    from scope_nb.grpo import GRPOTrainer
+    from scope_nb.run import RunFailed
+    real = GRPOTrainer.step
+    def nan_at_3(self, items):
+        st = real(self, items)
+        return {**st, "loss": float("nan")} if nan_at_3.calls == 2 else (setattr(nan_at_3, "calls", nan_at_3.calls + 1) or st)
+    nan_at_3.calls = 0
+    monkeypatch.setattr(GRPOTrainer, "step", nan_at_3)
+    cfg = load_config(ECHO, [f"run.out_dir='{tmp_path}'", "run.name='r'", "checkpoint.every=1"])
+    with pytest.raises(RunFailed, match=r"step 3: the update of agent \(agent\) gave a non-finite loss"):
+        train(cfg, progress=False)
+    assert sorted(p.name for p in (tmp_path / "r" / "checkpoints").iterdir() if p.is_dir())[-1].endswith("2")

@@ -103,3 +103,16 @@ def test_api_key_never_reaches_logs_or_files(server, tmp_path):
     blobs = [r.stdout, r.stderr] + [p.read_text(errors="replace") for p in out.rglob("*") if p.is_file()]
     assert not any(key in b or key[:12] in b for b in blobs)
     assert any("HTTP 401" in b for b in blobs)                                  # the failure reason was kept, redacted
+
+
+def test_a_run_whose_api_simulator_always_fails_exits_nonzero(server, tmp_path):
+    "An endpoint answering 500 on every call: `scope train` stops at the first evaluation, exit code 2, the error named."
+    echo = str(Path(__file__).parent.parent / "configs" / "echo_tiny.toml")
+    with FaultProxy(server.base_url, rate=1.0, faults=("500",), seed=5) as proxy:
+        r = subprocess.run([SCOPE, "train", echo, "--no-progress", "--set", f"run.out_dir='{tmp_path}'",
+                            "--set", f"user.model='api:{server.model_name}'", "--set", f"user.api.base_url='{proxy.base_url}'",
+                            "--set", "user.api.key_env=''", "--set", "user.api.max_retries=1", "--set", "eval.tasks=2"],
+                           capture_output=True, text=True, timeout=900)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert "scope: error: step 0: 4 of 4 evaluation episodes against" in r.stderr and "gave up after 2 attempts (500, 500)" in r.stderr
+    assert "Traceback" not in r.stderr
