@@ -4,7 +4,8 @@
 
 # %% ../nbs/37_run.ipynb #b10dbc76
 from __future__ import annotations
-import json, math, os, shutil, time
+import json, math, os, shutil, socket, time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 import numpy as np
@@ -22,7 +23,7 @@ from .specs import build_speaker, build_user
 # %% auto #0
 __all__ = ['append_metrics', 'read_metrics', 'summarize', 'save_checkpoint', 'latest_checkpoint', 'load_checkpoint',
            'default_panel', 'RunFailed', 'check_failures', 'evaluate', 'apply_sim_reward', 'build_run_speakers',
-           'train', 'Run']
+           'run_lock', 'train', 'Run']
 
 # %% ../nbs/37_run.ipynb #c7690405
 def _seed(seed: int, step: int, k: int = 0) -> int: return (seed * 1_000_003 + step * 7_919 + k * 104_729) % 2**31
@@ -193,6 +194,33 @@ def build_run_speakers(cfg: Config, servers: Servers | None = None) -> tuple[Env
     agent = build_speaker(cfg.agent.model, cfg.agent, env, "agent", cfg.run.seed, cfg.agent.train, servers)
     return env, agent, build_user(cfg.user, env, cfg.run.seed + 1, agent, servers, cfg.run_dir)
 
+@contextmanager
+def run_lock(run_dir: Path):
+    """Hold `run_dir/.lock` while a run writes there: a second writer is refused, naming the process that holds it.
+    It is an OS file lock (flock), so a killed process releases it and the next run takes over without asking."""
+    import fcntl
+    run_dir.mkdir(parents=True, exist_ok=True)
+    f = open(run_dir / ".lock", "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise ConfigError(
+            f"{run_dir} is being written by {holder}; wait for it, stop it, or set run.name for another run"
+        ) from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"process {os.getpid()} on {socket.gethostname()}")
+    f.flush()
+    try:
+        yield
+    finally:
+        fcntl.flock(f, fcntl.LOCK_UN)
+        f.close()
+
+
 def train(cfg: Config, resume: bool = False, progress: bool = True, backend=None) -> Path:
     """Run GRPO training as configured; returns the run folder.
 
@@ -204,14 +232,15 @@ def train(cfg: Config, resume: bool = False, progress: bool = True, backend=None
     See `32_grpo` for the departures of the update itself. `backend` swaps where rollouts and updates run (64_ray)."""
     run_dir = cfg.run_dir
     mpath = run_dir / "metrics.jsonl"
-    if not resume and mpath.exists() and mpath.stat().st_size > 0:
-        raise ConfigError(
-            f"{run_dir} already holds a run; pass --resume to continue it or set run.name to start a new one"
-        )
     if resume and not (run_dir / "config.toml").exists():
         raise ConfigError(f"--resume: {run_dir} holds no run (no config.toml); start it without --resume")
-    with Servers() as servers:
-        return _train(cfg, resume, progress, servers, backend)
+    with run_lock(run_dir):
+        if not resume and mpath.exists() and mpath.stat().st_size > 0:
+            raise ConfigError(
+                f"{run_dir} already holds a run; pass --resume to continue it or set run.name to start a new one"
+            )
+        with Servers() as servers:
+            return _train(cfg, resume, progress, servers, backend)
 
 
 @dataclass
@@ -318,8 +347,10 @@ def _update(run: Run, eps: list, row: dict, step: int):
         bad = [k for k in ("loss", "grad_norm") if not math.isfinite(st[k])]
         if bad:
             roles = ", ".join(run.plays[name])
-            raise RunFailed(f"step {step}: the update of {name} ({roles}) gave a non-finite {' and '.join(bad)}; "
-                            "nothing of this step was saved (lower grpo.lr, or check the rewards)")
+            raise RunFailed(
+                f"step {step}: the update of {name} ({roles}) gave a non-finite {' and '.join(bad)}; "
+                "nothing of this step was saved (lower grpo.lr, or check the rewards)"
+            )
         prefix = "train" if "agent" in run.plays[name] else "sim"
         row.update({f"{prefix}/{k}": st[k] for k in ("entropy", "kl", "clipfrac", "grad_norm", "loss", "tokens")})
     row["time/train"] = time.perf_counter() - t0

@@ -121,3 +121,23 @@ def test_a_non_finite_update_stops_the_run_before_anything_is_saved(tmp_path, mo
     with pytest.raises(RunFailed, match=r"step 3: the update of agent \(agent\) gave a non-finite loss"):
         train(cfg, progress=False)
     assert sorted(p.name for p in (tmp_path / "r" / "checkpoints").iterdir() if p.is_dir())[-1].endswith("2")
+
+
+def test_a_second_writer_is_refused_and_a_killed_one_leaves_no_stale_lock(tmp_path):
+    "Two processes on one run folder: the second is refused naming the first's PID; after kill -9 a resume proceeds."
+    common = [ECHO, "--set", "run.steps=200", "--set", "checkpoint.every=2", "--set", "run.name='r'", "--set", f"run.out_dir='{tmp_path}'"]
+    first = subprocess.Popen([SCOPE, "train", *common, "--no-progress"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        m = tmp_path / "r" / "metrics.jsonl"
+        while first.poll() is None and len(read_metrics(m)) < 3: time.sleep(0.05)
+        assert first.poll() is None
+        for extra in ([], ["--resume"]):   # a fresh start and a resume are both refused while it writes
+            second = _cli(*common, *extra)
+            assert second.returncode == 2 and f"is being written by process {first.pid}" in second.stderr, second.stderr[-1500:]
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    last = read_metrics(m)[-1]["step"]
+    again = _cli(*common, "--resume", "--set", f"run.steps={last + 3}")   # the stale lock of the killed process is taken over
+    assert again.returncode == 0, again.stderr[-1500:]
+    assert [r["step"] for r in read_metrics(m)] == list(range(last + 4)) and last >= 2
