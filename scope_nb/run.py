@@ -307,7 +307,30 @@ def _first_step(run: Run, resume: bool) -> int:
         run.user.pool.truncate(ck[0] if ck else 0)
     kept = [r for r in read_metrics(run.mpath) if ck and r["step"] <= ck[0]]
     atomic_write_text(run.mpath, "".join(json.dumps(r, allow_nan=False) + "\n" for r in kept))
-    return ck[0] + 1 if ck else 0
+    start = ck[0] + 1 if ck else 0
+    _record_resume(run, start)
+    return start
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict): out.update(_flat(v, f"{prefix}{k}."))
+        else: out[prefix + k] = v
+    return out
+
+
+def _record_resume(run: Run, start: int):
+    """A resume that changed settings (`--resume --set run.steps=63`) rewrites `config.toml` with the values now in
+    force, under one comment line per such resume: the step it took effect and each key's old and new value."""
+    from scope_nb.config import read_config_file, upgrade_keys
+    path = run.run_dir / "config.toml"
+    before, now = _flat(upgrade_keys(read_config_file(path))), _flat(to_dict(run.cfg))
+    changed = {k: (before.get(k), v) for k, v in now.items() if before.get(k) != v}
+    if not changed: return
+    history = [line for line in path.read_text().splitlines() if line.startswith("# resumed at step")]
+    line = f"# resumed at step {start} with " + ", ".join(f"{k} = {o!r} -> {n!r}" for k, (o, n) in changed.items())
+    atomic_write_text(path, "\n".join(history + [line]) + "\n" + to_toml(to_dict(run.cfg)))
 
 
 def _collect(run: Run, step: int, backend, row: dict) -> list:

@@ -141,3 +141,19 @@ def test_a_second_writer_is_refused_and_a_killed_one_leaves_no_stale_lock(tmp_pa
     again = _cli(*common, "--resume", "--set", f"run.steps={last + 3}")   # the stale lock of the killed process is taken over
     assert again.returncode == 0, again.stderr[-1500:]
     assert [r["step"] for r in read_metrics(m)] == list(range(last + 4)) and last >= 2
+
+
+def test_resume_with_changed_settings_records_them_in_config_toml(tmp_path):
+    "`--resume --set run.steps=9` trains to 9 and config.toml says so, with the step the change took effect."
+    import tomllib
+    common = [ECHO, "--set", "run.steps=4", "--set", "checkpoint.every=2", "--set", "run.name='r'", "--set", f"run.out_dir='{tmp_path}'"]
+    assert _cli(*common).returncode == 0
+    r = _cli(*common, "--resume", "--set", "run.steps=6", "--set", "grpo.lr=0.002")
+    assert r.returncode == 0, r.stderr[-1500:]
+    text = (tmp_path / "r" / "config.toml").read_text()
+    assert text.splitlines()[0] == "# resumed at step 5 with run.steps = 4 -> 6, grpo.lr = 0.003 -> 0.002", text[:300]
+    cfg = tomllib.loads(text)
+    assert (cfg["run"]["steps"], cfg["grpo"]["lr"]) == (6, 0.002)
+    assert [r["step"] for r in read_metrics(tmp_path / "r" / "metrics.jsonl")] == list(range(7))
+    assert _cli(*common, "--resume", "--set", "run.steps=6", "--set", "grpo.lr=0.002").returncode == 0   # nothing new: no line
+    assert (tmp_path / "r" / "config.toml").read_text() == text
