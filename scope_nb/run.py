@@ -21,9 +21,9 @@ from .sim_modes import PoolSpeaker, Servers
 from .specs import build_speaker, build_user
 
 # %% auto #0
-__all__ = ['append_metrics', 'read_metrics', 'summarize', 'save_checkpoint', 'latest_checkpoint', 'load_checkpoint',
-           'default_panel', 'RunFailed', 'check_failures', 'evaluate', 'apply_sim_reward', 'build_run_speakers',
-           'run_lock', 'train', 'Run']
+__all__ = ['append_metrics', 'MetricsError', 'read_metrics', 'summarize', 'save_checkpoint', 'latest_checkpoint',
+           'load_checkpoint', 'default_panel', 'RunFailed', 'check_failures', 'evaluate', 'apply_sim_reward',
+           'build_run_speakers', 'run_lock', 'train', 'Run']
 
 # %% ../nbs/37_run.ipynb #c7690405
 def _seed(seed: int, step: int, k: int = 0) -> int: return (seed * 1_000_003 + step * 7_919 + k * 104_729) % 2**31
@@ -42,21 +42,35 @@ def append_metrics(path: Path, row: dict):
         os.fsync(f.fileno())
 
 
+class MetricsError(ValueError):
+    "`metrics.jsonl` holds something the run did not write; the message names the file, the line and what is wrong."
+
+
 def read_metrics(path: Path) -> list[dict]:
-    "Rows of `metrics.jsonl`; a torn last line (crash mid-write) is ignored."
+    """Rows of `metrics.jsonl`, each a JSON object with an integer `step`, steps increasing; a torn last line (a crash
+    mid-write) is ignored, anything else that is not the run's own row raises `MetricsError` naming file and line."""
     if not Path(path).exists():
         return []
-    lines = Path(path).read_text(encoding="utf-8").split("\n")
+    lines = Path(path).read_text(encoding="utf-8", errors="replace").split("\n")
     rows = []
     for i, line in enumerate(lines):
         if not line.strip():
             continue
+        where = f"{path}:{i + 1}"
         try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
             if i >= len(lines) - 2:
                 break  # torn final line
-            raise
+            why = f"{where}: not a JSON line ({e.msg}); remove it, or restore the run's metrics.jsonl"
+            raise MetricsError(why) from None
+        step = row.get("step") if isinstance(row, dict) else None
+        if not isinstance(step, int) or isinstance(step, bool):
+            raise MetricsError(f"{where}: a metrics row needs an integer 'step'; this one is {line[:80]!r}")
+        if rows and step <= rows[-1]["step"]:
+            raise MetricsError(f"{where}: step {step} after step {rows[-1]['step']}: rows out of order (a second "
+                               "writer, or an edited file); remove the foreign rows")
+        rows.append(row)
     return rows
 
 

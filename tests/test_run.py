@@ -157,3 +157,17 @@ def test_resume_with_changed_settings_records_them_in_config_toml(tmp_path):
     assert [r["step"] for r in read_metrics(tmp_path / "r" / "metrics.jsonl")] == list(range(7))
     assert _cli(*common, "--resume", "--set", "run.steps=6", "--set", "grpo.lr=0.002").returncode == 0   # nothing new: no line
     assert (tmp_path / "r" / "config.toml").read_text() == text
+
+
+def test_metrics_readers_name_the_file_and_line_of_a_foreign_row(tmp_path):
+    "Garbage, a row without a step, and a foreign row appended out of order each fail naming file:line; a torn end is fine."
+    from scope_nb.run import MetricsError
+    m = tmp_path / "metrics.jsonl"
+    good = "".join(json.dumps({"step": s, "eval/mean": 0.1 * s}) + "\n" for s in range(4))
+    for bad, line, why in (('{"step": 4, "eval/me', 5, None), ("not json\n" + '{"step": 9}\n', 5, "not a JSON line"),
+                           ('{"eval/mean": 0.9}\n', 5, "a metrics row needs an integer 'step'"),
+                           ('{"step": 2, "eval/mean": 9.0}\n', 5, "step 2 after step 3: rows out of order")):
+        m.write_text(good + bad)
+        if why is None: assert [r["step"] for r in read_metrics(m)] == [0, 1, 2, 3]   # a torn last line: the crash case
+        else:
+            with pytest.raises(MetricsError, match=f"metrics.jsonl:{line}: {why}"): read_metrics(m)
