@@ -4,7 +4,7 @@
 
 # %% ../nbs/37_run.ipynb #b10dbc76
 from __future__ import annotations
-import json, math, os, shutil, socket, time
+import hashlib, json, math, os, shutil, socket, sys, time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +21,9 @@ from .sim_modes import PoolSpeaker, Servers
 from .specs import build_speaker, build_user
 
 # %% auto #0
-__all__ = ['append_metrics', 'MetricsError', 'read_metrics', 'summarize', 'save_checkpoint', 'latest_checkpoint',
-           'load_checkpoint', 'default_panel', 'RunFailed', 'check_failures', 'evaluate', 'apply_sim_reward',
-           'build_run_speakers', 'run_lock', 'train', 'Run']
+__all__ = ['append_metrics', 'MetricsError', 'read_metrics', 'summarize', 'save_checkpoint', 'checkpoint_problem',
+           'latest_checkpoint', 'load_checkpoint', 'default_panel', 'RunFailed', 'check_failures', 'evaluate',
+           'apply_sim_reward', 'build_run_speakers', 'run_lock', 'train', 'Run']
 
 # %% ../nbs/37_run.ipynb #c7690405
 def _seed(seed: int, step: int, k: int = 0) -> int: return (seed * 1_000_003 + step * 7_919 + k * 104_729) % 2**31
@@ -94,30 +94,63 @@ def summarize(rows: list[dict], keys=("eval/mean", "eval/seen", "eval/unseen")) 
     return out
 
 # %% ../nbs/37_run.ipynb #acbddf8e
+def _digest(path: Path) -> str:
+    with open(path, "rb") as f: return hashlib.file_digest(f, "sha256").hexdigest()
+
+
 def save_checkpoint(run_dir: Path, step: int, trainers: dict, keep: int = 2) -> Path:
-    "Write weights + optimizer of each trainer to checkpoints/step_N atomically, then point latest.json at it."
+    """Write weights + optimizer of each trainer to checkpoints/step_N atomically, with the SHA-256 of every file in
+    its state.json (what `latest_checkpoint` verifies), then point latest.json at it and drop all but the newest
+    `keep`."""
     ck = Path(run_dir) / "checkpoints"
     final, tmp = ck / f"step_{step:06d}", ck / f".tmp_step_{step:06d}"
-    if tmp.exists(): shutil.rmtree(tmp)
+    if tmp.exists():
+        shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     for name, tr in trainers.items():
         tr.policy.model.save_pretrained(tmp / name)
         tr.policy.tok.save_pretrained(tmp / name)
         torch.save(tr.opt.state_dict(), tmp / name / "optimizer.pt")
-    atomic_write_text(tmp / "state.json", json.dumps({"step": step, "policies": sorted(trainers)}))
-    if final.exists(): shutil.rmtree(final)
+    files = {str(p.relative_to(tmp)): _digest(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+    atomic_write_text(tmp / "state.json", json.dumps({"step": step, "policies": sorted(trainers), "files": files}))
+    if final.exists():
+        shutil.rmtree(final)
     os.replace(tmp, final)
     atomic_write_text(ck / "latest.json", json.dumps({"step": step, "path": final.name}))
     done = sorted(p for p in ck.glob("step_*") if p.is_dir())
-    for old in done[:-keep] if keep > 0 else []: shutil.rmtree(old, ignore_errors=True)
+    for old in done[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
     return final
 
-def latest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
-    "(step, folder) of the latest complete checkpoint, or None."
-    f = Path(run_dir) / "checkpoints" / "latest.json"
-    if not f.exists(): return None
-    d = json.loads(f.read_text())
-    return d["step"], f.parent / d["path"]
+
+def checkpoint_problem(folder: Path) -> str | None:
+    """Why checkpoint `folder` cannot be resumed from (a missing or changed file), or None if every file matches its
+    hash."""
+    try:
+        state = json.loads((folder / "state.json").read_text())
+    except (OSError, ValueError) as e:
+        return f"state.json unreadable ({type(e).__name__})"
+    for rel, digest in state.get("files", {}).items():  # checkpoints written before hashes: nothing to compare
+        f = folder / rel
+        if not f.is_file():
+            return f"{rel} is missing"
+        if _digest(f) != digest:
+            return f"{rel} does not match the hash written when it was saved"
+    return None
+
+
+def latest_checkpoint(run_dir: Path, skipped: list | None = None) -> tuple[int, Path] | None:
+    """(step, folder) of the newest checkpoint whose files all verify, or None; the ones passed over (torn or changed
+    files) are appended to `skipped` as (folder, why). `latest.json` is only a pointer: the folders decide."""
+    ck = Path(run_dir) / "checkpoints"
+    for folder in sorted((p for p in ck.glob("step_*") if p.is_dir()), reverse=True):
+        why = checkpoint_problem(folder)
+        if why is None:
+            return int(folder.name.split("_")[1]), folder
+        if skipped is not None:
+            skipped.append((folder, why))
+    return None
+
 
 def load_checkpoint(folder: Path, trainers: dict):
     """Load weights and optimizer state of each trainer from a checkpoint folder (reference models stay at the initial
@@ -314,7 +347,11 @@ def _first_step(run: Run, resume: bool) -> int:
         run.run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(run.run_dir / "config.toml", to_toml(to_dict(run.cfg)))
         return 0
-    ck = latest_checkpoint(run.run_dir)
+    skipped = []
+    ck = latest_checkpoint(run.run_dir, skipped)
+    for folder, why in skipped:
+        print(f"resume: skipping checkpoint {folder.name}: {why}", file=sys.stderr)
+    _drop_after(run.run_dir, ck[0] if ck else 0)
     if ck:
         load_checkpoint(ck[1], run.trainers)
     if isinstance(run.user, PoolSpeaker):
@@ -324,6 +361,14 @@ def _first_step(run: Run, resume: bool) -> int:
     start = ck[0] + 1 if ck else 0
     _record_resume(run, start)
     return start
+
+
+def _drop_after(run_dir: Path, step: int):
+    "On resume: trajectories and evaluations of steps after the checkpoint are replayed, so the old ones go."
+    for f in (run_dir / "trajectories").glob("step_*.jsonl"):
+        if int(f.stem.split("_")[1]) > step: f.unlink()
+    for d in (run_dir / "eval").glob("step_*"):
+        if d.is_dir() and int(d.name.split("_")[1]) > step: shutil.rmtree(d)
 
 
 def _flat(d: dict, prefix: str = "") -> dict:

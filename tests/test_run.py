@@ -171,3 +171,25 @@ def test_metrics_readers_name_the_file_and_line_of_a_foreign_row(tmp_path):
         if why is None: assert [r["step"] for r in read_metrics(m)] == [0, 1, 2, 3]   # a torn last line: the crash case
         else:
             with pytest.raises(MetricsError, match=f"metrics.jsonl:{line}: {why}"): read_metrics(m)
+
+
+def test_resume_skips_a_torn_checkpoint_and_matches_an_uninterrupted_run(tmp_path):
+    "A truncated weights file and a garbage latest.json: --resume falls back to the newest checkpoint that verifies."
+    common = [ECHO, "--set", "run.steps=10", "--set", "checkpoint.every=2", "--set", "checkpoint.keep=3",
+              "--set", "eval.every=5", "--set", "run.name='r'"]
+    ref = _cli(*common, "--set", f"run.out_dir='{tmp_path / 'ref'}'")
+    assert ref.returncode == 0, ref.stderr[-1500:]
+    out = tmp_path / "crash"
+    first = _cli(*common, "--set", f"run.out_dir='{out}'", "--set", "run.steps=6")   # as if killed after step 6
+    assert first.returncode == 0
+    ck = out / "r" / "checkpoints"
+    w = next((ck / "step_000006" / "agent").glob("*.safetensors"))
+    w.write_bytes(w.read_bytes()[: w.stat().st_size // 2])        # torn by a full disk
+    (ck / "latest.json").write_text("{garbage")
+    (out / "r" / "trajectories" / "step_000006.jsonl").write_text("")   # later files are dropped and replayed
+    again = _cli(*common, "--set", f"run.out_dir='{out}'", "--resume")
+    assert again.returncode == 0, again.stderr[-1500:]
+    assert "skipping checkpoint step_000006: agent/model.safetensors does not match the hash" in again.stderr
+    assert "Traceback" not in again.stderr
+    assert _stable(read_metrics(out / "r" / "metrics.jsonl")) == _stable(read_metrics(tmp_path / "ref" / "r" / "metrics.jsonl"))
+    assert (out / "r" / "trajectories" / "step_000006.jsonl").stat().st_size > 0
