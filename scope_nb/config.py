@@ -117,7 +117,10 @@ class CheckpointSection(Settings):
     every: int = Field(
         16, ge=1, description="save trained weights and optimizer state every N steps (resume starts there)"
     )
-    keep: int = Field(2, ge=1, description="checkpoints kept on disk")
+    keep: int = Field(2, ge=1, description="newest checkpoints kept on disk (besides the best one)")
+    best: str = Field("eval/mean", pattern=r"^(eval/[A-Za-z0-9_.@=+/-]+)?$",
+                      description="also keep the checkpoint whose step scored highest on this eval metric (its step "
+                                  "in checkpoints/best.json), for serving or evaluating the best policy; '' = off")
 
 # %% ../nbs/36_config.ipynb #691fd173
 def _check_spec(spec: str, key: str, vocab, role: str):

@@ -98,10 +98,10 @@ def _digest(path: Path) -> str:
     with open(path, "rb") as f: return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def save_checkpoint(run_dir: Path, step: int, trainers: dict, keep: int = 2) -> Path:
+def save_checkpoint(run_dir: Path, step: int, trainers: dict, keep: int = 2, protect: set = frozenset()) -> Path:
     """Write weights + optimizer of each trainer to checkpoints/step_N atomically, with the SHA-256 of every file in
     its state.json (what `latest_checkpoint` verifies), then point latest.json at it and drop all but the newest
-    `keep`."""
+    `keep` (and the steps in `protect`: the best one)."""
     ck = Path(run_dir) / "checkpoints"
     final, tmp = ck / f"step_{step:06d}", ck / f".tmp_step_{step:06d}"
     if tmp.exists():
@@ -119,7 +119,8 @@ def save_checkpoint(run_dir: Path, step: int, trainers: dict, keep: int = 2) -> 
     atomic_write_text(ck / "latest.json", json.dumps({"step": step, "path": final.name}))
     done = sorted(p for p in ck.glob("step_*") if p.is_dir())
     for old in done[:-keep] if keep > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
+        if int(old.name.split("_")[1]) not in protect:
+            shutil.rmtree(old, ignore_errors=True)
     return final
 
 
@@ -468,6 +469,22 @@ def _train_metrics(run: Run, eps: list, row: dict):
         row["sim/reward"] = _mean([e.rewards.get("user") for e in scored if e.rewards.get("user") is not None])
 
 
+def _best_step(run: Run, step: int) -> int | None:
+    """The checkpointed step (this one included) that scored highest on `checkpoint.best`; its folder is kept besides
+    the newest `checkpoint.keep` and named in checkpoints/best.json."""
+    key = run.cfg.checkpoint.best
+    if not key: return None
+    ck = run.run_dir / "checkpoints"
+    saved = {int(p.name.split("_")[1]) for p in ck.glob("step_*") if p.is_dir()} | {step}
+    scored = [(r[key], r["step"]) for r in read_metrics(run.mpath) if r["step"] in saved and r.get(key) is not None]
+    if not scored: return None
+    value, best = max(scored, key=lambda x: (x[0], -x[1]))   # ties: the earlier step
+    ck.mkdir(parents=True, exist_ok=True)
+    record = {"step": best, "metric": key, "value": value, "path": f"step_{best:06d}"}
+    atomic_write_text(ck / "best.json", json.dumps(record))
+    return best
+
+
 def _after_step(run: Run, step: int, row: dict, t_step: float):
     "Stage 7: evaluation on the panel, the simulator pool, metrics, checkpoint and summary, in that order."
     cfg = run.cfg
@@ -483,7 +500,8 @@ def _after_step(run: Run, step: int, row: dict, t_step: float):
     row["time/step"], row["wall_time"] = time.perf_counter() - t_step, time.time()
     append_metrics(run.mpath, row)
     if step > 0 and (step % cfg.checkpoint.every == 0 or step == cfg.run.steps):
-        save_checkpoint(run.run_dir, step, run.trainers, cfg.checkpoint.keep)
+        best = _best_step(run, step)
+        save_checkpoint(run.run_dir, step, run.trainers, cfg.checkpoint.keep, protect={best} if best else set())
     if "eval/mean" in row:
         atomic_write_text(run.run_dir / "summary.json", json.dumps(summarize(read_metrics(run.mpath)), indent=1))
 

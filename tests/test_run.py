@@ -193,3 +193,17 @@ def test_resume_skips_a_torn_checkpoint_and_matches_an_uninterrupted_run(tmp_pat
     assert "Traceback" not in again.stderr
     assert _stable(read_metrics(out / "r" / "metrics.jsonl")) == _stable(read_metrics(tmp_path / "ref" / "r" / "metrics.jsonl"))
     assert (out / "r" / "trajectories" / "step_000006.jsonl").stat().st_size > 0
+
+
+def test_keep_holds_the_best_checkpoint_besides_the_newest(tmp_path):
+    "A run whose held-out reward falls (trained against its advantage) keeps its best early checkpoint with keep = 1."
+    cfg = load_config(ECHO, [f"run.out_dir='{tmp_path}'", "run.name='r'", "run.steps=10", "eval.every=2",
+                             "checkpoint.every=2", "checkpoint.keep=1", "grpo.flip_advantage=true"])
+    rows = read_metrics(train(cfg, progress=False) / "metrics.jsonl")
+    scored = {r["step"]: r["eval/mean"] for r in rows if r["step"] in (2, 4, 6, 8, 10)}
+    best = max(scored, key=lambda s: (scored[s], -s))
+    assert best != 10, scored   # the scenario: the best is not the newest
+    ck = tmp_path / "r" / "checkpoints"
+    assert sorted(p.name for p in ck.glob("step_*")) == [f"step_{best:06d}", "step_000010"]
+    assert json.loads((ck / "best.json").read_text()) == {"step": best, "metric": "eval/mean", "value": scored[best],
+                                                          "path": f"step_{best:06d}"}
