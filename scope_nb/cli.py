@@ -6,6 +6,7 @@
 from __future__ import annotations
 import argparse, json, os, platform, sys, time
 from importlib import metadata as md
+from pathlib import Path
 from . import __version__
 from .core import Conversation, parse_settings
 from .specs import UserSettings
@@ -13,7 +14,7 @@ from .verbalized import VSConfig
 from .models import PACKAGED_MODELS, ModelNotFound, cache_dir, generate_chat, load_causal_lm, model_files
 
 # %% auto #0
-__all__ = ['DEMO_SYSTEM', 'VS_ARGS', 'SPEAKER_ARGS', 'devices', 'info_lines', 'demo_conversation', 'main']
+__all__ = ['DEMO_SYSTEM', 'VS_ARGS', 'SPEAKER_ARGS', 'devices', 'info_lines', 'demo_conversation', 'os_error_message', 'main']
 
 # %% ../nbs/90_cli.ipynb #5d70f661
 def _ver(dist: str) -> str:
@@ -320,9 +321,27 @@ def _experiment(args) -> None:
                 raise RuntimeError(f"{len(res['errors'])} run(s) of {n} failed (see above)")
 
 
+def os_error_message(e: OSError, folder=None) -> str:
+    "A full disk or a refused write as one line: what (in `folder`) could not be written, the space left, how to go on."
+    import errno, shutil
+    path = Path(e.filename) if e.filename else None
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        probe = path or (Path(folder) if folder else Path.cwd())
+        while not probe.exists() and probe != probe.parent: probe = probe.parent
+        free = shutil.disk_usage(probe).free / 2**20
+        what = f"writing {path}" if path else f"writing under {probe}"
+        return (f"no space left on the device {what} ({free:.1f} MB free): free some space, then `scope train ... "
+                f"--resume` continues from the last complete checkpoint (nothing written so far is torn)")
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return (f"cannot write {path or 'the output folder'} ({e.strerror}); choose a folder you can write, e.g. "
+                "run.out_dir")
+    return f"{e.strerror or e}" + (f": {path}" if path else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     "Run the `scope` command line; returns the exit status."
     args = _parser().parse_args(argv)
+    where = None   # the run folder, once known: where a full disk or a refused write is reported
     try:
         if args.cmd == "info":
             print("\n".join(info_lines()))
@@ -346,6 +365,7 @@ def main(argv: list[str] | None = None) -> int:
             from scope_nb.run import train
 
             cfg = load_config(args.config, args.overrides)
+            where = cfg.run_dir
             if args.resume and (cfg.run_dir / "config.toml").exists():  # resume with the run's own resolved config
                 cfg = load_config(cfg.run_dir / "config.toml", args.overrides)
             backend = None
@@ -464,5 +484,8 @@ def main(argv: list[str] | None = None) -> int:
         TimeoutError,
     ) as e:  # config, template, server start-up: user-fixable
         print(f"scope: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a full disk, a folder without write permission: say where, not a traceback
+        print(f"scope: error: {os_error_message(e, where)}", file=sys.stderr)
         return 2
     return 0

@@ -207,3 +207,22 @@ def test_keep_holds_the_best_checkpoint_besides_the_newest(tmp_path):
     assert sorted(p.name for p in ck.glob("step_*")) == [f"step_{best:06d}", "step_000010"]
     assert json.loads((ck / "best.json").read_text()) == {"step": best, "metric": "eval/mean", "value": scored[best],
                                                           "path": f"step_{best:06d}"}
+
+
+def test_a_full_disk_is_one_message_naming_the_run_folder_and_resume_continues(tmp_path):
+    "A 400 KB tmpfs (a private mount namespace) fills during the run: exit 2, no traceback; with space again, --resume ends it."
+    import shutil as _sh
+    if _sh.which("unshare") is None: pytest.fail("needs util-linux's unshare (a private mount namespace for a small tmpfs)")
+    d = tmp_path / "small"
+    d.mkdir()
+    run = (f"{SCOPE} train {ECHO} --no-progress --set run.out_dir='{d}' --set checkpoint.every=2 --set run.name='r'")
+    script = (f"mount -t tmpfs -o size=400k tmpfs {d} && ({run} > /dev/null 2> {tmp_path}/full.err; echo $? > {tmp_path}/full.rc); "
+              f"mount -o remount,size=64m {d} && {run} --resume > /dev/null 2> {tmp_path}/resume.err; echo $? > {tmp_path}/resume.rc; "
+              f"cp {d}/r/metrics.jsonl {tmp_path}/metrics.jsonl")
+    r = subprocess.run(["unshare", "-m", "bash", "-c", script], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-1500:]
+    err = (tmp_path / "full.err").read_text()
+    assert (tmp_path / "full.rc").read_text().strip() == "2" and "Traceback" not in err
+    assert f"scope: error: no space left on the device writing under {d}/r" in err, err[-1500:]
+    assert (tmp_path / "resume.rc").read_text().strip() == "0", (tmp_path / "resume.err").read_text()[-1500:]
+    assert [x["step"] for x in read_metrics(tmp_path / "metrics.jsonl")] == list(range(61))
