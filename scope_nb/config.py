@@ -192,7 +192,13 @@ class Config(Settings):
     @model_validator(mode="after")
     def _across_tables(self):
         "Settings that are fine alone but not together; each message names the keys and the fix."
-        vocab = env_class(self.env.name).vocab
+        env = env_class(self.env.name)
+        vocab = env.vocab
+        lo, hi = env.turn_range
+        if not lo <= self.env.max_turns <= hi:
+            allowed = f"= {lo}" if lo == hi else f"in [{lo}, {hi}]"
+            raise ConfigError(f"env.max_turns = {self.env.max_turns}: the {self.env.name} environment plays "
+                              f"max_turns {allowed}")
         g = self.grpo
         if g.group_size == 1 and g.advantage in ("zscore", "mean"):
             raise ConfigError(

@@ -39,6 +39,7 @@ class Env:
     name: str = "env"
     max_turns: int = 10
     vocab: tuple[str, ...] | None = None  # a word vocabulary, for environments that tiny word-level policies can play
+    turn_range: tuple[int, int] = (1, 1000)  # the env.max_turns it can play (the config checks it before any work)
 
     def tasks(self, split: str = "train") -> list[Task]: raise NotImplementedError
     def reset(self, task: Task) -> EnvState: raise NotImplementedError

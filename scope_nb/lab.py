@@ -74,6 +74,7 @@ class LabEnv(Env):
 
     name = "lab"
     vocab = LAB_VOCAB
+    turn_range = (2, 2)
 
     def __init__(self, max_turns: int = 2, gap: float | None = None, n_train: int = 32, n_test: int = 16):
         gap = MODE_EXPLOIT_GAP if gap is None else gap

@@ -165,6 +165,7 @@ class ShopEnv(Env):
     (reward 1 − Δ)."""
 
     name = "shop"
+    turn_range = (2, 2)
 
     def __init__(self, max_turns: int = 2, gap: float = SHOP_GAP, per_product: int = 4):
         if max_turns != 2:

@@ -86,6 +86,8 @@ IMPOSSIBLE = [  # (settings, the key the message must name)
     ({"grpo": {"lr": float("nan")}}, "grpo.lr"),
     ({"user": {"vs_n": 3, "vs": {"n": 4}}}, "user.vs.n"),
     ({"user": "frozen"}, "user"),
+    ({"env": {"name": "lab", "max_turns": 3}, "agent": {"model": "lab-agent"}, "user": {"model": "lab:frugal@4"}}, "env.max_turns"),
+    ({"env": {"name": "shop", "max_turns": 1}, "agent": {"model": "smollm2"}, "user": {"model": "shop:student"}}, "env.max_turns"),
 ]
 
 
