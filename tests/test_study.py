@@ -208,6 +208,7 @@ def test_browser_participant_flow_end_to_end(tmp_path, llama):
             browser = p.chromium.launch(executable_path=_chromium(), args=["--no-sandbox"])
             page = browser.new_page(viewport={"width": 900, "height": 900})
             page.set_default_timeout(180_000)
+            expect.set_options(timeout=180_000)   # `expect` waits 5 s by default: a busy machine answers slower than that
             page.goto(f"{app.url}/?PROLIFIC_PID=BROWSER01&STUDY_ID=s1&SESSION_ID=sess01")
             expect(page.locator("#title")).to_have_text("Charity conversation")
             assert "Save the Children" in page.locator("#instructions").inner_text() and page.locator("#persona").inner_text().strip()
