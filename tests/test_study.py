@@ -244,3 +244,24 @@ def test_browser_participant_flow_end_to_end(tmp_path, llama):
         app.stop()
     for f in ("1-task-and-opening", "2-chat", "3-confirm-end", "4-survey", "5-completion-code"):
         assert (ARTIFACTS / f"{f}.png").stat().st_size > 5000, f
+
+
+def test_a_one_gigabyte_body_is_refused_while_reading(app):
+    "An unauthenticated 1 GB chunked POST: refused after 16 KB; the server process stays well under 300 MB."
+    status = lambda key: next(int(l.split()[1]) for l in Path(f"/proc/{app.proc.pid}/status").read_text().splitlines()
+                              if l.startswith(key))
+    before_kb = status("VmHWM")
+    sent = [0]
+    def body():
+        for _ in range(2**30 // 2**20):
+            sent[0] += 2**20
+            yield b"x" * 2**20
+    try:
+        r = httpx.post(app.url + "/api/start", content=body(), timeout=120)
+        assert r.status_code == 413 and "at most 16000 bytes" in r.json()["error"]
+    except httpx.TransportError:   # the server may close the connection before the client has finished sending
+        pass
+    assert httpx.get(app.url + "/", timeout=30).status_code == 200       # still serving
+    peak_kb = status("VmHWM")
+    print(f"sent {sent[0] / 2**20:.0f} MB; server peak RSS {before_kb / 1024:.0f} MB before, {peak_kb / 1024:.0f} MB after")
+    assert peak_kb < 300 * 1024 and peak_kb - before_kb < 32 * 1024

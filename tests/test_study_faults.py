@@ -115,3 +115,31 @@ def test_message_and_time_limits(setup):
         con.execute(store.t["sessions"].update().where(store.t["sessions"].c.id == s2["session_id"]).values(started=time.time() - 360))
     r = c.post("/api/message", json={"session_id": s2["session_id"], "text": "late"})
     assert r.status_code == 409 and "time for this chat is up" in r.json()["error"]
+
+
+def test_hostile_bodies_are_refused_as_json_and_the_csv_export_neutralises_formulas(setup):
+    "Oversized (declared or chunked) and invalid-UTF-8 bodies, lone surrogates, a formula comment: refused or neutralised."
+    import csv, io
+    c, ep, _ = setup
+    r = c.post("/api/start", content=b"{}", headers={"Content-Length": str(10**9)})   # declared: refused unread
+    assert r.status_code == 413 and "at most 16000 bytes" in r.json()["error"]
+    r = c.post("/api/start", content=(b"x" * 4096 for _ in range(10_000)))          # 40 MB chunked: refused while reading
+    assert r.status_code == 413
+    r = c.post("/api/start", content=b'{"pid": "\xff\xfe"}', headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and "not JSON" in r.json()["error"]
+    s = _start(c)
+    r = c.post("/api/message", content=b'{"session_id": "%s", "text": "hi \\ud800"}' % s["session_id"].encode())
+    assert r.status_code == 400 and "not valid text" in r.json()["error"]
+    ep.script = [("text", "Hello")]
+    _events(c.post("/api/message", json={"session_id": s["session_id"], "text": "=HYPERLINK(\"http://x\",\"y\")"}))
+    c.post("/api/end", json={"session_id": s["session_id"]})
+    items = {k: 5 for k in ("task_success", "helpfulness", "honesty", "efficiency", "instruction_following", "safety",
+                            "frustration", "overall")}
+    bad = c.post("/api/survey", content=json.dumps({"session_id": s["session_id"], "answers": {**items, "comment": "x"}})
+                 .replace('"x"', '"\\ud800"').encode())
+    assert bad.status_code == 400 and "comment" in bad.json()["error"]
+    ok = c.post("/api/survey", json={"session_id": s["session_id"], "answers": {**items, "comment": "=1+1"}})
+    assert ok.status_code == 200, ok.text
+    text = c.get("/admin/export?format=csv", headers={"Authorization": "Bearer t"}).text
+    row = next(csv.DictReader(io.StringIO(text)))
+    assert row["comment"] == "'=1+1" and not any(v.startswith(("=", "+", "@")) for v in row.values())

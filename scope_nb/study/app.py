@@ -196,11 +196,17 @@ class StudyServer:
 
     # --- reading requests -------------------------------------------------------------------------------------------
     async def body_of(self, request: Request, limit: int = 16_000) -> dict:
-        "The JSON object a request carries, or a 400 naming what is wrong."
-        raw = await request.body()
-        if len(raw) > limit: raise Refused(400, f"request too large ({len(raw)} bytes; at most {limit})")
-        try: b = json.loads(raw or b"{}")
-        except json.JSONDecodeError: raise Refused(400, "request body is not JSON")
+        """The JSON object a request carries, or a 400 naming what is wrong. The size limit holds while reading: a
+        declared `Content-Length` over it is refused unread, a chunked body is refused at the first chunk past it."""
+        too_large = f"request too large (at most {limit} bytes)"
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit: raise Refused(413, too_large)
+        raw = bytearray()
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > limit: raise Refused(413, too_large)
+        try: b = json.loads(bytes(raw).decode("utf-8") if raw else "{}")
+        except (UnicodeDecodeError, json.JSONDecodeError): raise Refused(400, "request body is not JSON (UTF-8)")
         if not isinstance(b, dict): raise Refused(400, "request body must be a JSON object, e.g. {\"session_id\": ...}")
         return b
 
@@ -329,6 +335,8 @@ class StudyServer:
         text = b.get("text")
         if not isinstance(text, str) or not text.strip():
             return _err(400, "text: write a message first")
+        if not _is_unicode(text):
+            return _err(400, "text: the message holds characters that are not valid text")
         if len(text) > self.cfg.max_chars:
             return _err(400, f"text: at most {self.cfg.max_chars} characters per message (this one has {len(text)})")
         lock = self.sessions.lock(row["id"])
@@ -414,6 +422,13 @@ class StudyServer:
         return _err(400, "format: use jsonl or csv")
 
 
+def _internal_error(request, e):
+    "An unexpected failure: the participant reads a generic JSON error, the server log gets the exception."
+    import logging
+    logging.getLogger("scope.study").error("%s %s failed: %s", request.method, request.url.path, repr(e)[:500])
+    return _err(500, "the study server hit a problem; please try again in a moment")
+
+
 def create_app(cfg: StudyConfig, store: Store | None = None):
     "The FastAPI app of a study: the routes of `StudyServer`, refusals answered as JSON errors."
     from fastapi import FastAPI
@@ -423,6 +438,7 @@ def create_app(cfg: StudyConfig, store: Store | None = None):
     app = FastAPI(title=f"scope study {cfg.study_id}", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.store, app.state.sessions, app.state.server = srv.store, srv.sessions, srv
     app.add_exception_handler(Refused, lambda request, e: _err(e.status, e.msg))
+    app.add_exception_handler(Exception, _internal_error)   # never a plain-text 500 or a traceback to a participant
     app.get("/", response_class=HTMLResponse)(srv.page)
     for path, handler in (
         ("/api/start", srv.start),
@@ -472,15 +488,31 @@ def export_rows(cfg: StudyConfig, store: Store, sessions: Sessions) -> list[dict
     return rows
 
 
+def _is_unicode(s: str) -> bool:
+    "No lone surrogates (a JSON escape like \\ud800 decodes to one; it cannot be stored or sent as UTF-8)."
+    try: s.encode("utf-8")
+    except UnicodeEncodeError: return False
+    return True
+
+
+def _cell(v):
+    """A CSV cell a spreadsheet shows as text: a leading =, +, -, @, tab or CR (a formula, e.g. =HYPERLINK(...)) gets a
+    quote before it, and a string that is not valid text gets its bad characters replaced."""
+    if not isinstance(v, str): return v
+    v = v.encode("utf-8", "replace").decode("utf-8")
+    return "'" + v if v[:1] in ("=", "+", "-", "@", "\t", "\r") else v
+
+
 def rows_csv(rows: list[dict]) -> str:
-    "Flat CSV: one row per session, survey items as columns, transcript as JSON text."
+    "Flat CSV: one row per session, survey items as columns, transcript as JSON text; formulas neutralised."
     items = list(TAU2_ITEMS) + list(P4G_ITEMS) + ["donation", "comment"]
     cols = list(SESSION_COLS) + ["n_user_turns", "tau2_reward"] + items + ["transcript"]
     buf = io.StringIO()
     w = csv.DictWriter(buf, cols, extrasaction="ignore")
     w.writeheader()
     for r in rows:
-        w.writerow({**r, **(r.get("survey") or {}), "transcript": json.dumps(r["transcript"])})
+        row = {**r, **(r.get("survey") or {}), "transcript": json.dumps(r["transcript"])}
+        w.writerow({k: _cell(v) for k, v in row.items()})
     return buf.getvalue()
 
 # %% ../../nbs/51_study_app.ipynb #72c01ef6

@@ -349,7 +349,7 @@ def check_survey(task_type: str, answers) -> dict:
             raise ValueError("survey: donation must be a number from 0 to 2 (USD)")
         out["donation"] = round(float(v), 2)
     c = answers.get("comment", "")
-    if not isinstance(c, str) or len(c) > 2000:
+    if not isinstance(c, str) or len(c) > 2000 or any("\ud800" <= ch <= "\udfff" for ch in c):   # no lone surrogates
         raise ValueError("survey: comment must be text of at most 2000 characters")
     out["comment"] = c
     return out
