@@ -25,14 +25,20 @@ class Scripted:
                 item = me.script.pop(0) if me.script else ("text", "ok")
                 if item[0] == "status":
                     self.send_response(item[1]); self.end_headers(); return
+                if item[0] == "sleep":   # a hanging endpoint
+                    time.sleep(item[1]); self.send_response(200); self.end_headers(); return
                 self.send_response(200); self.send_header("Content-Type", "text/event-stream"); self.end_headers()
-                if item[0] == "text":
+                if item[0] == "raw":     # whatever bytes the fault needs (a malformed chunk)
+                    self.wfile.write(item[1]); return
+                if item[0] in ("text", "cut"):
                     deltas = [{"content": w + " "} for w in item[1].split()]
                 else:
                     deltas = [{"tool_calls": [{"index": 0, "id": "call_1", "function": {"name": item[1], "arguments": ""}}]},
                               {"tool_calls": [{"index": 0, "function": {"arguments": json.dumps(item[2])}}]}]
                 for d in deltas: self.wfile.write(f"data: {json.dumps({'choices': [{'delta': d}]})}\n\n".encode())
-                self.wfile.write(b"data: [DONE]\n\n")
+                if item[0] == "cut": return   # the stream ends without a finish reason or [DONE]
+                end = {"choices": [{"delta": {}, "finish_reason": "tool_calls" if item[0] == "tool" else "stop"}]}
+                self.wfile.write(f"data: {json.dumps(end)}\n\ndata: [DONE]\n\n".encode())
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
@@ -44,6 +50,7 @@ def setup(tmp_path, monkeypatch):
     monkeypatch.setenv("SCOPE_STUDY_SECRET", "s"); monkeypatch.setenv("SCOPE_STUDY_ADMIN_TOKEN", "t")
     ep = Scripted()
     cfg = study_config({"study_id": "s1", "db_url": f"sqlite:///{tmp_path / 'db.sqlite'}", "max_turns": 2, "max_minutes": 5,
+                        "agent_timeout": 3.0, "agent_retries": 3,
                         "task_types": {"tau2-retail": ["5"]}, "arms": {a: {"base_url": ep.url, "model": a} for a in ARMS}})
     with TestClient(create_app(cfg)) as c:
         yield c, ep, cfg
@@ -143,3 +150,36 @@ def test_hostile_bodies_are_refused_as_json_and_the_csv_export_neutralises_formu
     text = c.get("/admin/export?format=csv", headers={"Authorization": "Bearer t"}).text
     row = next(csv.DictReader(io.StringIO(text)))
     assert row["comment"] == "'=1+1" and not any(v.startswith(("=", "+", "@")) for v in row.values())
+
+
+def test_every_endpoint_fault_ends_in_one_retryable_error_and_nothing_partial_is_stored(setup):
+    "Empty replies are retried; malformed chunks, cut streams, a tool loop, exhausted retries: one error event each."
+    c, ep, cfg = setup
+    s = _start(c)
+    sid = s["session_id"]
+    ep.script = [("text", ""), ("text", "A whole answer")]     # an empty reply is retried
+    evs = _events(c.post("/api/message", json={"session_id": sid, "text": "hi"}))
+    assert evs[-2] == ("turn", {"text": "A whole answer ", "tool_calls": 0}) and len(ep.requests) == 2
+    for fault in ([("raw", b"data: {not json\n\n")] * 4, [("cut", "Cut again")] * 4, [("text", "")] * 4):
+        ep.script = list(fault)
+        if ep.script[0][0] == "cut":   # a stream that started showing text is not retried: one request, one error
+            ep.script = ep.script[:1]
+        evs = _events(c.post("/api/agent", json={"session_id": sid})) if _start(c)["agent_pending"] else \
+            _events(c.post("/api/message", json={"session_id": sid, "text": "again?"}))
+        assert evs[-1][0] == "error" and set(evs[-1][1]) == {"message"} and "Retry" in evs[-1][1]["message"], evs
+        snap = _start(c)
+        assert snap["agent_pending"] and snap["turns"][-1]["role"] == "you"   # nothing partial stored: still retryable
+    ep.script = [("tool", "find_user_id_by_name_zip", {"first_name": "Yusuf", "last_name": "Rossi", "zip": "19122"})] * 9
+    evs = _events(c.post("/api/agent", json={"session_id": sid}))
+    assert evs[-1][0] == "error" and sum(e == "turn" for e, _ in evs) == 8   # the loop cap: an error, never a silent 'done'
+
+
+def test_a_hanging_endpoint_errors_within_its_timeout_and_end_is_always_possible(setup):
+    c, ep, cfg = setup
+    s = _start(c)
+    ep.script = [("sleep", 30)] * (cfg.agent_retries + 1)
+    t0 = time.perf_counter()
+    evs = _events(c.post("/api/message", json={"session_id": s["session_id"], "text": "hello?"}))
+    took = time.perf_counter() - t0
+    assert evs[-1][0] == "error" and took < (cfg.agent_retries + 1) * (cfg.agent_timeout + 2) + 10, took
+    assert c.post("/api/end", json={"session_id": s["session_id"]}).status_code == 200

@@ -4,7 +4,7 @@
 
 # %% ../../nbs/51_study_app.ipynb #7414c922
 from __future__ import annotations
-import asyncio, base64, csv, hashlib, hmac, io, json, os, random, time
+import asyncio, base64, csv, hashlib, hmac, io, json, os, random, re, time
 from fastapi import Request   # at module level: FastAPI resolves the handlers' (string) annotations here
 from scope_nb.study.store import (
     ARMS,
@@ -114,6 +114,8 @@ class Sessions:
 # %% ../../nbs/51_study_app.ipynb #32aa47a8
 class AgentError(RuntimeError): "The arm's endpoint did not answer after its retries."
 
+class _Incomplete(Exception): "A stream that ended without a finish reason, or an empty reply."
+
 class Refused(Exception):
     "A request the API refuses: answered as `{\"error\": msg}` with HTTP `status`, never a traceback."
     def __init__(self, status: int, msg: str):
@@ -137,10 +139,11 @@ async def stream_chat(ep, messages: list[dict], tools, retries: int = 3, timeout
     rng = random.Random()
     try:
         for attempt in range(retries + 1):
-            content, calls, started = "", {}, False
+            content, calls, started, finished = "", {}, False, False
             try:
                 async for chunk in await client.chat.completions.create(**kw):
                     delta = chunk.choices[0].delta if chunk.choices else None
+                    finished = finished or bool(chunk.choices and chunk.choices[0].finish_reason)
                     if delta is None:
                         continue
                     if delta.content:
@@ -152,8 +155,13 @@ async def stream_chat(ep, messages: list[dict], tools, retries: int = 3, timeout
                         if tc.function is not None:
                             c["name"] += tc.function.name or ""
                             c["arguments"] += tc.function.arguments or ""
+                if not finished: raise _Incomplete("the stream ended without a finish reason (cut off)")
+                if not content.strip() and not calls: raise _Incomplete("an empty reply")
                 yield ("final", content, [calls[k] for k in sorted(calls)])
                 return
+            except _Incomplete as e:   # never stored as a complete turn; retried if nothing was shown yet
+                if started or attempt == retries: raise AgentError(f"agent endpoint: {e}") from None
+                await asyncio.sleep(retry_delay(attempt, None, rng))
             except Exception as e:
                 kind, wait = api_failure(e)
                 if kind is None:
@@ -175,6 +183,12 @@ PAGE_JS = _asset("page.js")
 
 # %% ../../nbs/51_study_app.ipynb #444c6684
 def _sse(event: str, data) -> str: return f"event: {event}\ndata: {json.dumps(data)}\n\n"
+
+_SECRET = re.compile(r"(Bearer\s+|sk-|key[=:]\s*)[A-Za-z0-9._~+/-]{6,}", re.I)
+
+def _redact(text: str) -> str:
+    "Endpoint errors go to the server log with anything that looks like a key replaced by ***."
+    return _SECRET.sub(lambda m: m.group(1) + "***", text)
 
 def _err(status: int, msg: str):
     from fastapi.responses import JSONResponse
@@ -281,26 +295,42 @@ class StudyServer:
         return self.snapshot(row)
 
     async def reply(self, row):
-        "SSE events of the agent's turn(s) until it is the participant's move; stores each completed turn."
+        """SSE events of the agent's turn(s) until it is the participant's move; stores each completed turn. Every way
+        the endpoint can fail (after its retries, `stream_chat`), a tool loop past 8 calls, or an unexpected error ends
+        in one `error` event that leaves the turn retryable; the participant reads a generic message, the log the
+        cause."""
+        import logging
+
+        log = logging.getLogger("scope.study")
+        try:
+            async for ev in self._agent_turns(row):
+                yield ev
+        except Exception as e:  # AgentError (the endpoint) or anything else: nothing partial was stored
+            log.warning("session %s: agent turn failed: %s", row["id"], _redact(str(e))[:500])
+            yield _sse("error", {"message": "The assistant could not answer just now. Please press Retry."})
+
+    async def _agent_turns(self, row):
         from scope_nb.core import ToolCall
 
         st, env = self.sessions.state(row), self.sessions.env(row["task_type"])
-        ep = self.cfg.arms[row["arm"]]
+        ep, cfg = self.cfg.arms[row["arm"]], self.cfg
         for _ in range(8):
             if st.next != "agent":
                 break
             final = None
-            try:
-                async for ev in stream_chat(ep, st.conversation.view("agent"), env.tools(st, "agent")):
-                    if ev[0] == "delta":
-                        yield _sse("delta", {"text": ev[1]})
-                    else:
-                        final = ev
-            except AgentError as e:
-                yield _sse(
-                    "error",
-                    {"message": "The assistant could not answer just now. Please press Retry.", "detail": str(e)[:200]},
-                )
+            async for ev in stream_chat(
+                ep,
+                st.conversation.view("agent"),
+                env.tools(st, "agent"),
+                retries=cfg.agent_retries,
+                timeout=cfg.agent_timeout,
+            ):
+                if ev[0] == "delta":
+                    yield _sse("delta", {"text": ev[1]})
+                else:
+                    final = ev
+            if self.store.session(row["id"])["status"] != "active":  # the participant pressed End meanwhile
+                yield _sse("ended", {"reason": "The chat was ended."})
                 return
             _, content, calls = final
             tcs = [ToolCall(c["id"] or f"call_{i}", c["name"], c["arguments"] or "{}") for i, c in enumerate(calls)]
@@ -311,6 +341,8 @@ class StudyServer:
             new += [{"role": "tool", "content": t.message.content} for t in st.conversation.turns[n_before + 1 :]]
             self.store.add_turns(row["id"], new)
             yield _sse("turn", {"text": content or "", "tool_calls": len(tcs)})
+        if st.next == "agent" and not st.done:
+            raise AgentError("the agent kept calling tools (8 turns) without answering")
         if st.done:
             self.store.end(row["id"], "agent_end")
             yield _sse("ended", {"reason": "The assistant ended the conversation."})
@@ -387,9 +419,8 @@ class StudyServer:
         return _streaming(events())
 
     async def end(self, request: Request):
+        "End the chat, also while the assistant is answering (a hanging endpoint must not hold the participant)."
         row, _ = await self.session_of(request)
-        if self.sessions.lock(row["id"]).locked():
-            return _err(409, "wait for the assistant's answer, then end the chat")
         self.store.end(row["id"], "participant")
         return self.snapshot(self.store.session(row["id"]))
 
@@ -425,6 +456,7 @@ class StudyServer:
 def _internal_error(request, e):
     "An unexpected failure: the participant reads a generic JSON error, the server log gets the exception."
     import logging
+
     logging.getLogger("scope.study").error("%s %s failed: %s", request.method, request.url.path, repr(e)[:500])
     return _err(500, "the study server hit a problem; please try again in a moment")
 
@@ -438,7 +470,7 @@ def create_app(cfg: StudyConfig, store: Store | None = None):
     app = FastAPI(title=f"scope study {cfg.study_id}", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.store, app.state.sessions, app.state.server = srv.store, srv.sessions, srv
     app.add_exception_handler(Refused, lambda request, e: _err(e.status, e.msg))
-    app.add_exception_handler(Exception, _internal_error)   # never a plain-text 500 or a traceback to a participant
+    app.add_exception_handler(Exception, _internal_error)  # never a plain-text 500 or a traceback to a participant
     app.get("/", response_class=HTMLResponse)(srv.page)
     for path, handler in (
         ("/api/start", srv.start),

@@ -52,6 +52,16 @@ class StudyConfig(Settings):
     max_turns: int = Field(10, ge=1, le=100, description="participant messages per session")
     max_minutes: float = Field(20.0, gt=0, le=240, description="a session ends after this long")
     max_chars: int = Field(2000, ge=1, le=100000, description="characters per participant message")
+    agent_timeout: float = Field(
+        30.0, gt=0, le=600, description="seconds one agent call may take before it counts as failed"
+    )
+    agent_retries: int = Field(
+        1,
+        ge=0,
+        le=10,
+        description="retries of a failed agent call; the participant sees an error "
+        "(and Retry) after at most (retries + 1) × agent_timeout",
+    )
     redirect_url: str = Field(
         "https://example.org/complete?cc={code}",
         description="where a finished participant goes; {code} is replaced by the completion code",
