@@ -248,7 +248,7 @@ def test_browser_participant_flow_end_to_end(tmp_path, llama):
 
 
 def test_a_one_gigabyte_body_is_refused_while_reading(app):
-    "An unauthenticated 1 GB chunked POST: refused after 16 KB; the server process stays well under 300 MB."
+    "An unauthenticated 1 GB chunked POST: refused after 16 KB; the server's memory does not grow with the body."
     status = lambda key: next(int(l.split()[1]) for l in Path(f"/proc/{app.proc.pid}/status").read_text().splitlines()
                               if l.startswith(key))
     before_kb = status("VmHWM")
@@ -265,4 +265,6 @@ def test_a_one_gigabyte_body_is_refused_while_reading(app):
     assert httpx.get(app.url + "/", timeout=30).status_code == 200       # still serving
     peak_kb = status("VmHWM")
     print(f"sent {sent[0] / 2**20:.0f} MB; server peak RSS {before_kb / 1024:.0f} MB before, {peak_kb / 1024:.0f} MB after")
-    assert peak_kb < 300 * 1024 and peak_kb - before_kb < 32 * 1024
+    # the body must not reach memory: the peak grows by less than 32 MB over the process's own footprint (its imports
+    # take 250-300 MB, depending on what the machine has cached; a buffered 1 GB body would add 1 GB)
+    assert peak_kb - before_kb < 32 * 1024
