@@ -389,14 +389,15 @@ class StudyServer:
             lock.release()
             return _err(409, refusal)
 
+        return self._reply_stream(row, lock, first=_sse("ack", {"text": text}))
+
+    def _reply_stream(self, row, lock, first: str | None = None):
+        "The agent's reply as an SSE response (after `first`, if given); the session's lock is released when it ends."
         async def events():
             try:
-                yield _sse("ack", {"text": text})
-                async for ev in self.reply(row):
-                    yield ev
-            finally:
-                lock.release()
-
+                if first is not None: yield first
+                async for ev in self.reply(row): yield ev
+            finally: lock.release()
         return _streaming(events())
 
     async def agent_turn(self, request: Request):
@@ -408,15 +409,7 @@ class StudyServer:
         if row["status"] != "active" or self.sessions.state(row).next != "agent":
             return _err(409, "nothing for the assistant to answer")
         await lock.acquire()
-
-        async def events():
-            try:
-                async for ev in self.reply(row):
-                    yield ev
-            finally:
-                lock.release()
-
-        return _streaming(events())
+        return self._reply_stream(row, lock)
 
     async def end(self, request: Request):
         "End the chat, also while the assistant is answering (a hanging endpoint must not hold the participant)."
