@@ -9,7 +9,6 @@ from importlib import metadata as md
 from pathlib import Path
 from . import __version__
 from .core import Conversation, parse_settings
-from .specs import UserSettings
 from .verbalized import VSConfig
 from .models import PACKAGED_MODELS, ModelNotFound, cache_dir, generate_chat, load_causal_lm, model_files
 
@@ -391,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
                     backend.close()
             print(f"run folder: {run_dir}")
         elif args.cmd == "simulate-vs":
+            from scope_nb.specs import UserSettings
             from scope_nb.vs_tools import simulate_vs
 
             vs = _settings(args, VS_ARGS, VSConfig, "user.vs")
@@ -399,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(s, indent=1))
             print(f"wrote {args.out}/episodes.jsonl and {args.out}/summary.json")
         elif args.cmd == "collapse-meter":
+            from scope_nb.specs import UserSettings
             from scope_nb.vs_tools import run_collapse_meter
 
             sec = _settings(args, SPEAKER_ARGS, UserSettings, "user")

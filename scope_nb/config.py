@@ -8,20 +8,18 @@ import json, os, re, sys, tomllib, typing
 from pathlib import Path
 from typing import Literal
 from pydantic import Field, field_validator, model_validator
-from .core import Settings, parse_settings, settings_model
+from .core import ConfigError, Settings, parse_settings, settings_model   # ConfigError: defined in core so that
+# the study server (50_study) can use it without importing the trainer
 from .envs import ENVS, env_class
 from .grpo import GRPOConfig
 from .specs import AgentSettings, MODES, UserSettings, check_spec, kind_of
 
 # %% auto #0
-__all__ = ['RENAMED', 'ConfigError', 'RunSection', 'EnvSection', 'GrpoSection', 'PanelEntry', 'CollapseSection', 'EvalSection',
+__all__ = ['RENAMED', 'RunSection', 'EnvSection', 'GrpoSection', 'PanelEntry', 'CollapseSection', 'EvalSection',
            'CheckpointSection', 'Config', 'upgrade_keys', 'from_dict', 'to_dict', 'validate', 'read_config_file',
            'apply_overrides', 'to_toml', 'load_config', 'config_docs']
 
 # %% ../nbs/36_config.ipynb #500a4847
-class ConfigError(ValueError):
-    "A configuration problem; the message names the key and how to fix it."
-
 class RunSection(Settings):
     "The `[run]` table: the run's name and folder, its seed and length."
     name: str = Field(

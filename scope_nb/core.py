@@ -12,7 +12,7 @@ from pydantic import ValidationError as PydanticValidationError
 
 # %% auto #0
 __all__ = ['CHAT_ROLES', 'SPEAKERS', 'STATUSES', 'LOGPROB_TOL', 'ValidationError', 'check', 'Settings', 'settings_model',
-           'settings_errors', 'parse_settings', 'ToolCall', 'Message', 'other', 'Turn', 'Conversation',
+           'settings_errors', 'ConfigError', 'parse_settings', 'ToolCall', 'Message', 'other', 'Turn', 'Conversation',
            'parse_tool_calls', 'Request', 'Reply', 'Speaker', 'ScriptedSpeaker', 'echo_user', 'RoleTrajectory',
            'Episode', 'Group', 'group_episodes', 'free_port']
 
@@ -115,6 +115,10 @@ def settings_errors(err: PydanticValidationError, model: type, prefix: str = "")
         shown = "" if e["type"] == "missing" else f" = {e['input']!r}"
         out.append(f"{key}{shown}: {msg[:1].lower() + msg[1:]}{what}")
     return out
+
+
+class ConfigError(ValueError):
+    "A configuration problem (run or study config); the message names the key and how to fix it."
 
 
 def parse_settings(model: type, d: Any, prefix: str = "", error: type = ValueError):

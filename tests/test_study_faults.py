@@ -50,7 +50,7 @@ def setup(tmp_path, monkeypatch):
     monkeypatch.setenv("SCOPE_STUDY_SECRET", "s"); monkeypatch.setenv("SCOPE_STUDY_ADMIN_TOKEN", "t")
     ep = Scripted()
     cfg = study_config({"study_id": "s1", "db_url": f"sqlite:///{tmp_path / 'db.sqlite'}", "max_turns": 2, "max_minutes": 5,
-                        "agent_timeout": 3.0, "agent_retries": 3,
+                        "agent_timeout": 3.0, "agent_retries": 3, "min_turns": 1,
                         "task_types": {"tau2-retail": ["5"]}, "arms": {a: {"base_url": ep.url, "model": a} for a in ARMS}})
     with TestClient(create_app(cfg)) as c:
         yield c, ep, cfg
@@ -128,14 +128,17 @@ def test_hostile_bodies_are_refused_as_json_and_the_csv_export_neutralises_formu
     "Oversized (declared or chunked) and invalid-UTF-8 bodies, lone surrogates, a formula comment: refused or neutralised."
     import csv, io
     c, ep, _ = setup
-    r = c.post("/api/start", content=b"{}", headers={"Content-Length": str(10**9)})   # declared: refused unread
+    r = c.post("/api/start", content=b"{}", headers={"Content-Length": str(10**9),
+                                                             "Content-Type": "application/json"})   # declared: refused unread
     assert r.status_code == 413 and "at most 16000 bytes" in r.json()["error"]
-    r = c.post("/api/start", content=(b"x" * 4096 for _ in range(10_000)))          # 40 MB chunked: refused while reading
+    r = c.post("/api/start", content=(b"x" * 4096 for _ in range(10_000)),           # 40 MB chunked: refused while reading
+               headers={"Content-Type": "application/json"})
     assert r.status_code == 413
     r = c.post("/api/start", content=b'{"pid": "\xff\xfe"}', headers={"Content-Type": "application/json"})
     assert r.status_code == 400 and "not JSON" in r.json()["error"]
     s = _start(c)
-    r = c.post("/api/message", content=b'{"session_id": "%s", "text": "hi \\ud800"}' % s["session_id"].encode())
+    r = c.post("/api/message", content=b'{"session_id": "%s", "text": "hi \\ud800"}' % s["session_id"].encode(),
+               headers={"Content-Type": "application/json"})
     assert r.status_code == 400 and "not valid text" in r.json()["error"]
     ep.script = [("text", "Hello")]
     _events(c.post("/api/message", json={"session_id": s["session_id"], "text": "=HYPERLINK(\"http://x\",\"y\")"}))
@@ -143,7 +146,7 @@ def test_hostile_bodies_are_refused_as_json_and_the_csv_export_neutralises_formu
     items = {k: 5 for k in ("task_success", "helpfulness", "honesty", "efficiency", "instruction_following", "safety",
                             "frustration", "overall")}
     bad = c.post("/api/survey", content=json.dumps({"session_id": s["session_id"], "answers": {**items, "comment": "x"}})
-                 .replace('"x"', '"\\ud800"').encode())
+                 .replace('"x"', '"\\ud800"').encode(), headers={"Content-Type": "application/json"})
     assert bad.status_code == 400 and "comment" in bad.json()["error"]
     ok = c.post("/api/survey", json={"session_id": s["session_id"], "answers": {**items, "comment": "=1+1"}})
     assert ok.status_code == 200, ok.text

@@ -6,9 +6,8 @@
 from __future__ import annotations
 import hashlib, hmac, json, re, threading, time, uuid
 from pathlib import Path
-from pydantic import Field, field_validator
-from ..config import ConfigError
-from ..core import parse_settings, Settings
+from pydantic import Field, field_validator, model_validator
+from ..core import ConfigError, parse_settings, Settings
 
 # %% auto #0
 __all__ = ['ARMS', 'TASK_TYPES', 'ADVERSARIAL_AIRLINE', 'TAU2_ITEMS', 'P4G_ITEMS', 'REVERSED', 'Endpoint', 'StudyConfig',
@@ -50,6 +49,19 @@ class StudyConfig(Settings):
         description="task type -> its pool: τ² task ids or P4G persona indices",
     )
     max_turns: int = Field(10, ge=1, le=100, description="participant messages per session")
+    min_turns: int = Field(
+        3,
+        ge=0,
+        le=100,
+        description="participant messages a session needs for a completion code (0: none; a chat the agent ends "
+        "counts after one); at most max_turns",
+    )
+    start_limit: int = Field(
+        30,
+        ge=1,
+        le=100000,
+        description="new sessions per minute from one client address (/api/start answers 429 beyond it)",
+    )
     max_minutes: float = Field(20.0, gt=0, le=240, description="a session ends after this long")
     max_chars: int = Field(2000, ge=1, le=100000, description="characters per participant message")
     agent_timeout: float = Field(
@@ -83,12 +95,20 @@ class StudyConfig(Settings):
     @field_validator("task_types")
     @classmethod
     def _pools(cls, v):
+        if not v:
+            raise ValueError("no task types; list at least one pool, e.g. p4g = [\"0\", \"1\"]")
         for k, pool in v.items():
             if k not in TASK_TYPES:
                 raise ValueError(f"task_types.{k}: use one of {', '.join(TASK_TYPES)}")
             if not pool:
                 raise ValueError(f"task_types.{k} is empty; list task ids (τ²) or persona indices (p4g)")
         return {k: [str(x) for x in pool] for k, pool in v.items()}
+
+    @model_validator(mode="after")
+    def _min_le_max(self):
+        if self.min_turns > self.max_turns:
+            raise ValueError(f"min_turns ({self.min_turns}) is more than max_turns ({self.max_turns}); lower min_turns")
+        return self
 
     @field_validator("redirect_url")
     @classmethod
@@ -140,6 +160,7 @@ def _tables():
         sa.Column("started", sa.Float),
         sa.Column("ended", sa.Float),
         sa.Column("end_reason", sa.String(32)),
+        sa.Column("client", sa.String(64)),  # sha256 of the browser's secret cookie: only that browser may resume
     )
     sa.Table(
         "turns",
@@ -161,14 +182,24 @@ def _tables():
     return md
 
 
+def _private_file(path: Path) -> None:
+    """Create the SQLite file readable by its owner only (0600) before SQLite opens it; SQLite gives its -wal and -shm
+    files the same mode. An existing file is narrowed to 0600 too: it holds transcripts."""
+    import os
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
+    os.chmod(path, 0o600)
+
+
 class Store:
     "The study database: participants, sessions, turns, surveys (SQLAlchemy Core; SQLite with WAL by default)."
 
     def __init__(self, url: str):
         import sqlalchemy as sa
 
-        if url.startswith("sqlite:///"):
-            Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+        if url.startswith("sqlite:///") and url != "sqlite:///:memory:":
+            _private_file(Path(url[len("sqlite:///") :]))
         self.engine = sa.create_engine(
             url, **({"connect_args": {"check_same_thread": False, "timeout": 30}} if url.startswith("sqlite") else {})
         )
@@ -183,6 +214,9 @@ class Store:
 
         self.md = _tables()
         self.md.create_all(self.engine)
+        if "client" not in {c["name"] for c in sa.inspect(self.engine).get_columns("sessions")}:
+            with self.engine.begin() as c:  # a database made before sessions were tied to a browser
+                c.execute(sa.text("ALTER TABLE sessions ADD COLUMN client VARCHAR(64)"))
         self.t = self.md.tables
         self.lock = threading.Lock()
 
@@ -193,24 +227,34 @@ class Store:
             r = c.execute(sa.select(self.t["sessions"]).where(self.t["sessions"].c.id == sid)).mappings().first()
         return dict(r) if r else None
 
-    def counts(self, c) -> dict:
-        "Sessions per (task type, arm) so far."
+    def has_pid(self, pid: str) -> bool:
+        import sqlalchemy as sa
+
+        with self.engine.connect() as c:
+            s = self.t["sessions"]
+            return c.execute(sa.select(s.c.id).where(s.c.pid == pid)).first() is not None
+
+    def counts(self, c, cfg: StudyConfig, now: float) -> dict:
+        """Sessions per (task type, arm) that count for balance: surveyed ones, and those still within their time (plus
+        10 minutes for the survey). Abandoned sessions and ones that ended too short to be surveyed stop counting."""
         import sqlalchemy as sa
 
         s = self.t["sessions"]
-        q = sa.select(s.c.task_type, s.c.arm, sa.func.count()).group_by(s.c.task_type, s.c.arm)
+        live = sa.or_(s.c.status == "surveyed", s.c.started > now - 60 * (cfg.max_minutes + 10))
+        q = sa.select(s.c.task_type, s.c.arm, sa.func.count()).where(live).group_by(s.c.task_type, s.c.arm)
         return {(tt, arm): n for tt, arm, n in c.execute(q)}
 
-    def start(self, cfg: StudyConfig, pid: str, ext_session: str = "") -> tuple[dict, bool]:
-        """The participant's session: the existing one (returning participant) or a new, balanced assignment; (row,
-        created)."""
+    def start(self, cfg: StudyConfig, pid: str, ext_session: str = "", client: str | None = None) -> tuple[dict, bool]:
+        """The participant's session: the existing one (returning participant) or a new, balanced assignment tied to
+        `client` (the hash of the browser's cookie); (row, created)."""
         import sqlalchemy as sa
 
         with self.lock, self.engine.begin() as c:
             r = c.execute(sa.select(self.t["sessions"]).where(self.t["sessions"].c.pid == pid)).mappings().first()
             if r:
                 return dict(r), False
-            task_type, task_id, arm = assign(cfg, pid, self.counts(c))
+            now = time.time()
+            task_type, task_id, arm = assign(cfg, pid, self.counts(c, cfg, now))
             row = dict(
                 id=str(uuid.uuid4()),
                 pid=pid,
@@ -220,9 +264,10 @@ class Store:
                 task_id=task_id,
                 arm=arm,
                 status="active",
-                started=time.time(),
+                started=now,
                 ended=None,
                 end_reason=None,
+                client=client,
             )
             c.execute(sa.insert(self.t["participants"]).values(pid=pid, study_id=cfg.study_id, created=row["started"]))
             c.execute(sa.insert(self.t["sessions"]).values(**row))
@@ -257,6 +302,21 @@ class Store:
                     for i, x in enumerate(turns)
                 ],
             )
+
+    def bind(self, sid: str, client: str) -> None:
+        "Tie a session made before sessions had an owner to the browser that resumes it first."
+        import sqlalchemy as sa
+
+        s = self.t["sessions"]
+        with self.engine.begin() as c:
+            c.execute(sa.update(s).where(s.c.id == sid, s.c.client.is_(None)).values(client=client))
+
+    def n_user_turns(self, sid: str) -> int:
+        import sqlalchemy as sa
+
+        t = self.t["turns"]
+        with self.engine.connect() as c:
+            return c.execute(sa.select(sa.func.count()).where(t.c.session_id == sid, t.c.role == "user")).scalar()
 
     def end(self, sid: str, reason: str) -> None:
         import sqlalchemy as sa

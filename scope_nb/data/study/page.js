@@ -19,12 +19,14 @@ async function events(r, onEvent){const rd = r.body.getReader(), dec = new TextD
     while ((i = buf.indexOf('\n\n')) >= 0){const chunk = buf.slice(0, i); buf = buf.slice(i + 2);
       const ev = (chunk.match(/^event: (.*)$/m) || [])[1], data = JSON.parse((chunk.match(/^data: (.*)$/m) || [])[1] || '{}'); onEvent(ev, data);}}}
 function setBusy(b){busy = b; $('send').disabled = b; $('end').disabled = b; $('status').textContent = b ? 'The assistant is typing...' : '';}
-async function agentStream(r){let bubble = null, failed = false;
+async function refresh(){ const r = await post('/api/start', ids); if (r.ok) S = await r.json(); }
+async function agentStream(r){let bubble = null, failed = false, ended = false;
   await events(r, (ev, d) => {
     if (ev === 'delta'){ if (!bubble) bubble = add('agent', ''); bubble.textContent += d.text; }
     else if (ev === 'turn'){ if (!bubble && d.text) bubble = add('agent', d.text); bubble = null; }
     else if (ev === 'error'){ failed = true; error(d.message); $('retry').classList.remove('hidden'); }
-    else if (ev === 'ended'){ error(d.reason); toSurvey(); } });
+    else if (ev === 'ended'){ error(d.reason); ended = true; } });
+  if (ended){ await refresh(); toSurvey(); }
   setBusy(false); if (!failed) $('retry').classList.add('hidden');}
 async function send(){const text = $('text').value; if (busy || !text.trim()) return; error('');
   if (text.length > S.limits.max_chars){ error('Please keep messages under ' + S.limits.max_chars + ' characters.'); return; }
@@ -33,7 +35,8 @@ async function send(){const text = $('text').value; if (busy || !text.trim()) re
   $('text').value = ''; add('you', text); await agentStream(r);}
 async function retry(){ if (busy) return; error(''); setBusy(true); const r = await post('/api/agent', {session_id: S.session_id});
   if (!r.ok){ setBusy(false); error((await r.json()).error); return; } await agentStream(r);}
-function toSurvey(){ show('survey'); const f = $('form'); f.replaceChildren();
+function toSurvey(){ if (!S.qualifies){ show(); error(S.short_note); return; }
+  show('survey'); const f = $('form'); f.replaceChildren();
   if (S.survey.donation){ const p = document.createElement('p'); const l = document.createElement('label');
     l.textContent = 'How much of your $2 bonus would you donate to Save the Children? (0 to 2 USD) ';
     const i = document.createElement('input'); i.type = 'number'; i.min = 0; i.max = 2; i.step = 0.01; i.id = 'donation'; l.appendChild(i); p.appendChild(l); f.appendChild(p); }
