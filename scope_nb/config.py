@@ -15,13 +15,25 @@ from .grpo import GRPOConfig
 from .specs import AgentSettings, MODES, UserSettings, check_spec, kind_of
 
 # %% auto #0
-__all__ = ['RENAMED', 'RunSection', 'EnvSection', 'GrpoSection', 'PanelEntry', 'CollapseSection', 'EvalSection',
+__all__ = ['RENAMED', 'WandbSection', 'RunSection', 'EnvSection', 'GrpoSection', 'PanelEntry', 'CollapseSection', 'EvalSection',
            'CheckpointSection', 'Config', 'upgrade_keys', 'from_dict', 'to_dict', 'validate', 'read_config_file',
            'apply_overrides', 'to_toml', 'load_config', 'config_docs']
 
 # %% ../nbs/36_config.ipynb #500a4847
+class WandbSection(Settings):
+    "The `[run.wandb]` table: where a `wandb` logger writes (05_loggers)."
+
+    project: str = Field("scope_nb", min_length=1, description="the W&B project")
+    entity: str = Field("", description="the W&B entity (team or user); '' = your default")
+    mode: Literal["offline", "online"] = Field(
+        "offline",
+        description="offline: written under RUN_DIR/wandb, uploaded later with `wandb sync`; online needs the "
+        "network and WANDB_API_KEY",
+    )
+
+
 class RunSection(Settings):
-    "The `[run]` table: the run's name and folder, its seed and length."
+    "The `[run]` table: the run's name and folder, its seed and length, where its metrics go."
     name: str = Field(
         "run", min_length=1, max_length=120, description="the run's folder under out_dir (no '/', not '.' or '..')"
     )
@@ -40,6 +52,21 @@ class RunSection(Settings):
         description="the run stops (exit code 2) when more than this share of "
         "a step's or an evaluation's episodes fail, naming the first error; 1 = never",
     )
+    loggers: list[Literal["jsonl", "tensorboard", "wandb"]] = Field(
+        default_factory=lambda: ["jsonl"],
+        description="where metrics go: jsonl (RUN_DIR/metrics.jsonl, always), tensorboard (RUN_DIR/tensorboard), "
+        "wandb (RUN_DIR/wandb, see [run.wandb]); same names and steps in each",
+    )
+    wandb: WandbSection = Field(default_factory=WandbSection, description="the wandb logger's project and mode")
+
+    @field_validator("loggers")
+    @classmethod
+    def _has_jsonl(cls, v):
+        if "jsonl" not in v:
+            raise ValueError("must include 'jsonl': metrics.jsonl is the run's record (resume and reports read it)")
+        if len(set(v)) != len(v):
+            raise ValueError("each logger once")
+        return v
 
     @field_validator("name")
     @classmethod

@@ -6,13 +6,14 @@
 from __future__ import annotations
 import hashlib, json, math, os, shutil, socket, sys, time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
 import torch
 from .config import Config, ConfigError, PanelEntry, to_dict, to_toml
 from .core import Speaker
 from .files import atomic_write_text, write_jsonl
+from .loggers import check_loggers, open_loggers
 from .envs import Env, make_env
 from .grpo import GRPOTrainer, group_stats, role_items
 from .rollout import rollout
@@ -282,6 +283,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True, backend=None
     mpath = run_dir / "metrics.jsonl"
     if resume and not (run_dir / "config.toml").exists():
         raise ConfigError(f"--resume: {run_dir} holds no run (no config.toml); start it without --resume")
+    check_loggers(cfg.run.loggers)  # a missing extra fails here, before any work
     with run_lock(run_dir):
         if not resume and mpath.exists() and mpath.stat().st_size > 0:
             raise ConfigError(
@@ -304,6 +306,13 @@ class Run:
     plays: dict  # policy name -> the roles it plays (self-play: both)
     panel: list  # (PanelEntry, Speaker) pairs
     run_dir: Path
+    sinks: list = field(default_factory=list)  # TensorBoard / W&B mirrors of metrics.jsonl (05_loggers)
+
+    def record(self, row: dict) -> None:
+        "Append a metrics row to metrics.jsonl, then to each mirror."
+        append_metrics(self.mpath, row)
+        for s in self.sinks:
+            s.log(row)
 
     @property
     def speakers(self) -> dict:
@@ -498,7 +507,7 @@ def _after_step(run: Run, step: int, row: dict, t_step: float):
         )  # dropped again on resume if this step is replayed
         row["sim/pool_size"] = len(run.user.pool.entries)
     row["time/step"], row["wall_time"] = time.perf_counter() - t_step, time.time()
-    append_metrics(run.mpath, row)
+    run.record(row)
     if step > 0 and (step % cfg.checkpoint.every == 0 or step == cfg.run.steps):
         best = _best_step(run, step)
         save_checkpoint(run.run_dir, step, run.trainers, cfg.checkpoint.keep, protect={best} if best else set())
@@ -517,6 +526,19 @@ def _train(cfg: Config, resume: bool, progress: bool, servers: Servers, backend=
     bar = tqdm(
         range(start, cfg.run.steps + 1), initial=start, total=cfg.run.steps + 1, desc=cfg.run.name, disable=not progress
     )
+    wandb = cfg.run.wandb.model_dump()
+    run.sinks = open_loggers(cfg.run.loggers, run.run_dir, cfg.run.name, to_dict(cfg), start, wandb)
+    try:
+        _loop(run, bar, backend)
+    finally:
+        for s in run.sinks:
+            s.close()
+    return cfg.run_dir
+
+
+def _loop(run: Run, bar, backend):
+    "Stages 3-7 for each step of `bar`."
+    cfg = run.cfg
     for step in bar:
         t_step, row = time.perf_counter(), {"step": step}
         if step > 0:
@@ -525,7 +547,7 @@ def _train(cfg: Config, resume: bool, progress: bool, servers: Servers, backend=
                 check_failures(eps, cfg, step, "training episodes")
             except RunFailed:  # the stopped step's metrics still say what failed
                 _train_metrics(run, eps, row)
-                append_metrics(run.mpath, {**row, "wall_time": time.time()})
+                run.record({**row, "wall_time": time.time()})
                 raise
             _update(run, eps, row, step)
             _measure_collapse(run, eps, step, row)
@@ -533,4 +555,3 @@ def _train(cfg: Config, resume: bool, progress: bool, servers: Servers, backend=
         _after_step(run, step, row, t_step)
         shown = ("train/reward", "train/entropy", "eval/mean")
         bar.set_postfix({k.split("/")[-1]: f"{row[k]:.3f}" for k in shown if row.get(k) is not None})
-    return cfg.run_dir
