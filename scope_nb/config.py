@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from .core import ConfigError, Settings, parse_settings, settings_model   # ConfigError: defined in core so that
 # the study server (50_study) can use it without importing the trainer
-from .envs import ENVS, env_class
+from .envs import ENVS, env_class, load_prompts, make_env
 from .grpo import GRPOConfig
 from .specs import AgentSettings, MODES, UserSettings, check_spec, kind_of
 
@@ -81,6 +81,14 @@ class EnvSection(Settings):
 
     name: str = Field("echo", description="environment (10_envs): echo, ask, lab, shop, p4g, tau2-*, cooperbench")
     max_turns: int = Field(3, ge=1, le=1000, description="agent turns per episode")
+    corpus: str = Field(
+        "", description="p4g: a ConvoKit persuasionforgood corpus folder (speakers.json, utterances.jsonl); '' = the "
+        "shipped synthetic corpus, same layout"
+    )
+    prompts: str = Field(
+        "", description="a folder of prompt templates (agent.txt, user.txt) replacing the environment's built-in "
+        "prompts; placeholders per environment in 10_envs (PROMPT_VARS)"
+    )
 
     @field_validator("name")
     @classmethod
@@ -224,6 +232,16 @@ class Config(Settings):
             allowed = f"= {lo}" if lo == hi else f"in [{lo}, {hi}]"
             raise ConfigError(f"env.max_turns = {self.env.max_turns}: the {self.env.name} environment plays "
                               f"max_turns {allowed}")
+        if self.env.prompts:
+            try:
+                load_prompts(self.env.prompts, env)
+            except ValueError as e:
+                raise ConfigError(f"{e} (env.prompts = {self.env.prompts!r})") from None
+        if self.env.corpus:  # read now: a missing or malformed corpus fails before any work
+            try:
+                make_env(self.env.name, self.env.max_turns, corpus=self.env.corpus)
+            except (ValueError, OSError) as e:
+                raise ConfigError(f"env.corpus = {self.env.corpus!r}: {e}") from None
         g = self.grpo
         if g.group_size == 1 and g.advantage in ("zscore", "mean"):
             raise ConfigError(

@@ -225,6 +225,7 @@ class CooperBenchEnv(Env):
     "CooperBench on a local sandbox: baseline / solo / coop; merged patches are tested; shared success reward."
 
     name = "cooperbench"
+    PROMPT_VARS = {r: ("feature", "teammate_feature", "setting") for r in ("agent", "user")}
 
     def __init__(
         self,
@@ -261,9 +262,16 @@ class CooperBenchEnv(Env):
         roles = ("agent", "user") if self.setting == "coop" else ("agent",)
         box = LocalSandbox(Path(task.data["task_dir"]) / "base", roles, self.command_timeout, self.output_cap)
         if self.setting == "coop":
-            system = {"agent": _prompt(md[0], "coop", md[1]), "user": _prompt(md[1], "coop", md[0])}
+            system = {
+                "agent": self.system("agent", _prompt(md[0], "coop", md[1]), feature=md[0], teammate_feature=md[1],
+                                     setting="coop"),
+                "user": self.system("user", _prompt(md[1], "coop", md[0]), feature=md[1], teammate_feature=md[0],
+                                    setting="coop"),
+            }
         else:
-            system = {"agent": _prompt("\n\n".join(md), self.setting)}
+            f = "\n\n".join(md)
+            system = {"agent": self.system("agent", _prompt(f, self.setting), feature=f, teammate_feature="",
+                                           setting=self.setting)}
         st = EnvState(task, Conversation(system=system))
         st.data = {
             "box": box,

@@ -4,14 +4,16 @@
 
 # %% ../nbs/10_envs.ipynb #65076a86
 from __future__ import annotations
-import re
+import inspect, re, string
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 import numpy as np
 from .core import Conversation, ToolCall
 
 # %% auto #0
-__all__ = ['COLOURS', 'ECHO_WORDS', 'ASK_TOPICS', 'ENVS', 'Task', 'EnvState', 'Env', 'EchoEnv', 'AskEnv', 'env_class', 'make_env']
+__all__ = ['COLOURS', 'ECHO_WORDS', 'ASK_TOPICS', 'ENVS', 'Task', 'EnvState', 'Env', 'EchoEnv', 'AskEnv', 'env_class', 'make_env',
+           'load_prompts']
 
 # %% ../nbs/10_envs.ipynb #f24975e1
 @dataclass
@@ -40,6 +42,13 @@ class Env:
     max_turns: int = 10
     vocab: tuple[str, ...] | None = None  # a word vocabulary, for environments that tiny word-level policies can play
     turn_range: tuple[int, int] = (1, 1000)  # the env.max_turns it can play (the config checks it before any work)
+    PROMPT_VARS: dict[str, tuple[str, ...]] = {}  # role -> the placeholders a prompt template for it may use
+    templates: dict[str, str] = {}  # role -> a template that replaces the built-in system prompt (env.prompts)
+
+    def system(self, role: str, default: str, **values) -> str:
+        "`role`'s system prompt: the built-in `default`, or the role's template (env.prompts) filled with `values`."
+        t = self.templates.get(role)
+        return default if t is None else t.format_map(values)
 
     def tasks(self, split: str = "train") -> list[Task]: raise NotImplementedError
     def reset(self, task: Task) -> EnvState: raise NotImplementedError
@@ -98,8 +107,12 @@ class EchoEnv(Env):
     def tasks(self, split="train"):
         return list(self._tasks[split])
 
+    PROMPT_VARS = {"agent": (), "user": ("colours",)}
+
     def reset(self, task):
-        return EnvState(task, Conversation(system={"agent": "echo", "user": f"say {task.data['colours']}"}))
+        c = task.data["colours"]
+        system = {"agent": self.system("agent", "echo"), "user": self.system("user", f"say {c}", colours=c)}
+        return EnvState(task, Conversation(system=system))
 
     def _apply(self, state, speaker, content, tool_calls):
         state.conversation.say(speaker, content or "")
@@ -133,17 +146,14 @@ class AskEnv(Env):
 
     def tasks(self, split="train"): return list(self._tasks[split])
 
+    PROMPT_VARS = {"agent": ("topic",), "user": ("topic",)}
+
     def reset(self, task):
-        return EnvState(
-            task,
-            Conversation(
-                system={
-                    "agent": f"You are offering the user {task.data['topic']}. Ask them, politely and briefly, so "
-                             "that they answer yes.",
-                    "user": "You are a busy person chatting with a stranger. Reply in one short sentence.",
-                }
-            ),
-        )
+        t = task.data["topic"]
+        agent = f"You are offering the user {t}. Ask them, politely and briefly, so that they answer yes."
+        user = "You are a busy person chatting with a stranger. Reply in one short sentence."
+        system = {"agent": self.system("agent", agent, topic=t), "user": self.system("user", user, topic=t)}
+        return EnvState(task, Conversation(system=system))
 
     def _apply(self, state, speaker, content, tool_calls):
         state.conversation.say(speaker, content or "")
@@ -180,7 +190,46 @@ def env_class(name: str):
     return c
 
 
-def make_env(name: str, max_turns: int | None = None) -> Env:
-    "Build environment `name` from `ENVS`."
+def make_env(name: str, max_turns: int | None = None, corpus: str = "", prompts: str = "") -> Env:
+    """Build environment `name` from `ENVS`; `corpus` is a data folder for environments that take one (P4G: a ConvoKit
+    corpus), `prompts` a folder of prompt templates (`load_prompts`)."""
     c = env_class(name)
-    return c() if max_turns is None else c(max_turns=max_turns)
+    kw = {} if max_turns is None else {"max_turns": max_turns}
+    if corpus:
+        if "corpus_dir" not in inspect.signature(c).parameters:
+            raise ValueError(f"env.corpus: the {name} environment reads no corpus (p4g does); remove env.corpus")
+        kw["corpus_dir"] = corpus
+    env = c(**kw)
+    if prompts:
+        env.templates = load_prompts(prompts, c)
+    return env
+
+
+def load_prompts(folder, env_cls) -> dict[str, str]:
+    """Prompt templates from `folder`: `agent.txt` and/or `user.txt`, each a Python format string over the placeholders
+    `env_cls.PROMPT_VARS[role]` lists (`{{`/`}}` for literal braces). Anything else is a ValueError naming it."""
+    d = Path(folder)
+    if not d.is_dir():
+        raise ValueError(f"env.prompts: {d} is not a folder; give a folder holding agent.txt and/or user.txt")
+    out = {}
+    for f in sorted(d.iterdir()):
+        role = f.stem
+        if f.suffix != ".txt" or role not in env_cls.PROMPT_VARS:
+            roles = " / ".join(f"{r}.txt" for r in env_cls.PROMPT_VARS) or "nothing (its prompts are fixed)"
+            raise ValueError(f"env.prompts: {f.name} is not a prompt file of {env_cls.name}; it takes {roles}")
+        text = f.read_text(encoding="utf-8")
+        allowed = env_cls.PROMPT_VARS[role]
+        try:
+            names = {n for _, n, _, _ in string.Formatter().parse(text) if n is not None}
+        except ValueError as e:
+            raise ValueError(f"env.prompts: {f}: not a valid template ({e}); write {{{{ and }}}} for literal braces")
+        for n in sorted(names):
+            if n not in allowed:
+                raise ValueError(
+                    f"env.prompts: {f}: unknown placeholder {{{n}}}; {env_cls.name}'s {role} prompt may use "
+                    + (", ".join("{" + a + "}" for a in allowed) or "none")
+                )
+        out[role] = text
+    if not out:
+        raise ValueError(f"env.prompts: {d} holds no agent.txt or user.txt")
+    return out

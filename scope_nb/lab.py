@@ -91,9 +91,15 @@ class LabEnv(Env):
     def tasks(self, split="train"):
         return list(self._tasks[split])
 
+    PROMPT_VARS = {"agent": ("topic",), "user": ("topic",)}
+
     def reset(self, task):
         t = task.data["topic"]
-        return EnvState(task, Conversation(system={"agent": f"persuade {t}", "user": f"listen {t}"}))
+        system = {
+            "agent": self.system("agent", f"persuade {t}", topic=t),
+            "user": self.system("user", f"listen {t}", topic=t),
+        }
+        return EnvState(task, Conversation(system=system))
 
     def _apply(self, state, speaker, content, tool_calls):
         state.conversation.say(speaker, content or "")

@@ -196,17 +196,18 @@ class P4GEnv(Env):
     def tasks(self, split="train"):
         return list(self._tasks[split])
 
+    PROMPT_VARS = {"agent": ("persona", "turns", "max_turns", "word_limit"), "user": ("persona", "word_limit")}
+
     def reset(self, task):
-        d = task.data
-        return EnvState(
-            task,
-            Conversation(
-                system={
-                    "agent": persuader_prompt(d["persuader"], self.max_turns, self.word_limit),
-                    "user": persuadee_prompt(d["persuadee"], self.word_limit, self.prefix),
-                }
-            ),
-        )
+        d, n = task.data, self.max_turns
+        agent = persuader_prompt(d["persuader"], n, self.word_limit)
+        user = persuadee_prompt(d["persuadee"], self.word_limit, self.prefix)
+        system = {  # `turns`: the number the built-in prompt asks the persuader to keep going for
+            "agent": self.system("agent", agent, persona=d["persuader"], turns=max(1, n // 2), max_turns=n,
+                                 word_limit=self.word_limit),
+            "user": self.system("user", user, persona=d["persuadee"], word_limit=self.word_limit),
+        }
+        return EnvState(task, Conversation(system=system))
 
     def _apply(self, state, speaker, content, tool_calls):
         state.conversation.say(speaker, content or "")

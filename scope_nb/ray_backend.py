@@ -82,7 +82,8 @@ class TrainerRank:
         cfg = validate(from_dict(Config, cfg_dict))
         sec = getattr(cfg, role)
         seed = cfg.run.seed if role == "agent" else cfg.run.seed + 1
-        self.pol = build_speaker(sec.model, sec, make_env(cfg.env.name, cfg.env.max_turns), role, seed, True)
+        env = make_env(cfg.env.name, cfg.env.max_turns, cfg.env.corpus, cfg.env.prompts)
+        self.pol = build_speaker(sec.model, sec, env, role, seed, True)
         self.args, self.rank, self.world, self.tr = (kind, gcfg, temperature, seed), rank, world, None
 
     def address(self) -> tuple[str, int]:

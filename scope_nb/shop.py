@@ -188,14 +188,16 @@ class ShopEnv(Env):
     def tasks(self, split="train"):
         return list(self._tasks[split])
 
+    PROMPT_VARS = {"agent": ("product", "options", "words"), "user": ("product",)}
+
     def reset(self, task):
         p, order = task.data["product"], task.data.get("order", CONCERNS)
-        agent = AGENT_PROMPT.format(
-            product=p, options=", the ".join(order[:-1]) + " or the " + order[-1], words=", ".join(order)
-        )
-        return EnvState(
-            task, Conversation(system={"agent": agent, "user": INTAKE_PROMPT.format(product=p)}), next="user"
-        )
+        v = dict(product=p, options=", the ".join(order[:-1]) + " or the " + order[-1], words=", ".join(order))
+        system = {
+            "agent": self.system("agent", AGENT_PROMPT.format(**v), **v),
+            "user": self.system("user", INTAKE_PROMPT.format(product=p), product=p),
+        }
+        return EnvState(task, Conversation(system=system), next="user")
 
     def _apply(self, state, speaker, content, tool_calls):
         conv = state.conversation

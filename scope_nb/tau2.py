@@ -73,7 +73,8 @@ class Tau2Env(Env):
 
         probe = self._get_env()
         self.schemas = [t.openai_schema for t in probe.get_tools()]
-        self.agent_prompt = AGENT_PROMPT.format(agent_instruction=AGENT_INSTRUCTION, domain_policy=probe.get_policy())
+        self.policy, self.instruction = probe.get_policy(), AGENT_INSTRUCTION
+        self.agent_prompt = AGENT_PROMPT.format(agent_instruction=AGENT_INSTRUCTION, domain_policy=self.policy)
         if describe_tools:
             self.agent_prompt += "\n\n" + tool_block(self.schemas)
         self._user_prompt, self._guidelines = USER_PROMPT, get_global_user_sim_guidelines(use_tools=False)
@@ -103,10 +104,14 @@ class Tau2Env(Env):
             initialization_actions=init.initialization_actions if init else None,
             message_history=[],
         )
-        user_prompt = self._user_prompt.format(
-            global_user_sim_guidelines=self._guidelines, instructions=str(tt.user_scenario)
-        )
-        conv = Conversation(system={"agent": self.agent_prompt, "user": user_prompt})
+        uv = dict(global_user_sim_guidelines=self._guidelines, instructions=str(tt.user_scenario))
+        system = {
+            "agent": self.system(
+                "agent", self.agent_prompt, agent_instruction=self.instruction, domain_policy=self.policy
+            ),
+            "user": self.system("user", self._user_prompt.format(**uv), **uv),
+        }
+        conv = Conversation(system=system)
         first = DEFAULT_FIRST_AGENT_MESSAGE.content
         conv.say("agent", first)
         st = EnvState(task, conv, next="user", agent_turns=0)
