@@ -1,14 +1,13 @@
 """A GRPO step of scope_nb vs TRL's GRPOTrainer on SmolLM2-135M, same batch, side by side.
 
     .venv/bin/python bench/bench_grpo_vs_trl.py [--repeats 3] [--steps 2] [--prompts 4] [--group 4] [--max-new-tokens 32]
-                                               [--trl-checkpointing off|on]
+                                               [--checkpointing off|on]
 
 Both sides: the same single-turn chat prompts, G completions each at temperature 1.0, the same maximum completion
 length, a reward that depends only on the completion's length, one optimizer step per batch (AdamW, lr 1e-6,
-KL coefficient 0.005 to a frozen reference), float32 on the CPU, one process each. TRL's GRPOConfig turns
-gradient checkpointing on by default (activations recomputed in the backward: less memory, more compute);
-scope_nb does not checkpoint, so the default here is TRL with it off, the same work on both sides;
-`--trl-checkpointing on` measures TRL's default. A step is generation +
+KL coefficient 0.005 to a frozen reference), float32 on the CPU, one process each, and gradient checkpointing set
+the same on both sides (`--checkpointing on` is TRL's default: activations recomputed in the backward, less memory,
+more compute; scope_nb's `grpo.gradient_checkpointing`). A step is generation +
 scoring + the update. Each (implementation, repeat) runs in a fresh process, alternating scope_nb and TRL, so
 both meet the same machine load; the first step of every process is a warm-up and not counted. Prints the median
 step time, tokens per second (prompt + completion tokens of the batch / step time) and the process's peak RSS,
@@ -50,7 +49,8 @@ def run_scope(a) -> dict:
     torch.manual_seed(0)
     lm = load_causal_lm("smollm2")
     pol = LocalPolicy(lm.model, lm.tokenizer, name="agent", trainable=True, temperature=1.0, max_new_tokens=a.max_new_tokens, seed=0)
-    tr = GRPOTrainer(pol, GRPOConfig(lr=1e-6, kl_coef=0.005, micro_batch=a.prompts * a.group))
+    tr = GRPOTrainer(pol, GRPOConfig(lr=1e-6, kl_coef=0.005, micro_batch=a.prompts * a.group,
+                                     gradient_checkpointing=a.checkpointing == "on"))
     env = SingleTurn()
     times, toks = [], []
     for step in range(a.steps + 1):
@@ -90,7 +90,7 @@ def run_trl(a) -> dict:
                      max_completion_length=a.max_new_tokens, learning_rate=1e-6, beta=0.005, temperature=1.0, max_steps=a.steps + 1,
                      logging_steps=1, report_to=[], use_cpu=True, bf16=False, save_strategy="no", gradient_accumulation_steps=1,
                      dataloader_num_workers=0, seed=0, disable_tqdm=True,
-                     gradient_checkpointing=a.trl_checkpointing == "on")
+                     gradient_checkpointing=a.checkpointing == "on")
     clock = Clock()
     trainer = GRPOTrainer(model=lm.model, reward_funcs=reward, args=cfg, train_dataset=ds, processing_class=tok, callbacks=[clock])
     trainer.train()
@@ -105,7 +105,7 @@ if __name__ == "__main__":
     ap.add_argument("--repeats", type=int, default=3); ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--prompts", type=int, default=4); ap.add_argument("--group", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=32); ap.add_argument("--impl", choices=["scope", "trl"])
-    ap.add_argument("--tmp", default="/tmp/bench_trl"); ap.add_argument("--trl-checkpointing", choices=["off", "on"], default="off")
+    ap.add_argument("--tmp", default="/tmp/bench_trl"); ap.add_argument("--checkpointing", choices=["off", "on"], default="off")
     a = ap.parse_args()
     if a.impl:
         import torch
@@ -117,14 +117,14 @@ if __name__ == "__main__":
     for r in range(a.repeats):
         for impl in ("scope", "trl"):
             cmd = [sys.executable, __file__, "--impl", impl, "--steps", str(a.steps), "--prompts", str(a.prompts), "--group", str(a.group),
-                   "--max-new-tokens", str(a.max_new_tokens), "--tmp", a.tmp, "--trl-checkpointing", a.trl_checkpointing]
+                   "--max-new-tokens", str(a.max_new_tokens), "--tmp", a.tmp, "--checkpointing", a.checkpointing]
             p = subprocess.run(cmd, capture_output=True, text=True)
             line = [l for l in p.stdout.splitlines() if l.startswith("RESULT ")]
             if p.returncode or not line: sys.exit(f"{impl} run failed:\n{p.stderr[-3000:]}")
             res[impl].append(json.loads(line[0][7:]))
             print(f"repeat {r} {impl}: median step {statistics.median(res[impl][-1]['step']):.2f} s", flush=True)
     med = lambda impl, k: statistics.median(x for run in res[impl] for x in run[k])
-    print(f"\nbatch: {a.prompts} prompts x G={a.group}, <= {a.max_new_tokens} new tokens, SmolLM2-135M fp32, CPU threads {os.cpu_count()}, TRL gradient checkpointing {a.trl_checkpointing}")
+    print(f"\nbatch: {a.prompts} prompts x G={a.group}, <= {a.max_new_tokens} new tokens, SmolLM2-135M fp32, CPU threads {os.cpu_count()}, gradient checkpointing {a.checkpointing} (both)")
     print(f"{'':10s} {'step s':>8s} {'tokens/step':>12s} {'tokens/s':>9s} {'peak RSS MB':>12s}")
     for impl in ("scope", "trl"):
         st, tk = med(impl, "step"), med(impl, "tokens")

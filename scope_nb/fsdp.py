@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy, os
 import torch
 import torch.distributed as dist
-from .grpo import GRPOConfig, GRPOTrainer
+from .grpo import GRPOConfig, GRPOTrainer, enable_checkpointing
 from .training import LocalPolicy
 
 # %% auto #0
@@ -42,6 +42,8 @@ class FSDPTrainer(GRPOTrainer):
                 "grpo.train_only: only the single-process trainer (--trainer torch) trains a subset of parameters"
             )
         self.ref = copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None  # replicated
+        if cfg.gradient_checkpointing:
+            enable_checkpointing(self.model)  # before sharding: each layer is checkpointed, then sharded
         for layer in decoder_layers(self.model):
             fully_shard(layer)
         fully_shard(self.model)

@@ -13,8 +13,8 @@ from .core import Episode, RoleTrajectory, group_episodes, Settings
 from .training import LocalPolicy, first_scored, token_logprobs
 
 # %% auto #0
-__all__ = ['ADVANTAGES', 'group_advantages', 'k3_kl', 'clipped_surrogate', 'GRPOConfig', 'freeze_except', 'GRPOTrainer',
-           'role_items', 'group_stats']
+__all__ = ['ADVANTAGES', 'group_advantages', 'k3_kl', 'clipped_surrogate', 'GRPOConfig', 'freeze_except', 'enable_checkpointing',
+           'GRPOTrainer', 'role_items', 'group_stats']
 
 # %% ../nbs/32_grpo.ipynb #b2629d38
 ADVANTAGES = ("zscore", "mean", "raw")
@@ -82,6 +82,11 @@ class GRPOConfig(Settings):
     train_only: list[str] = Field(
         default_factory=list, description="parameter-name prefixes to train (empty: all), e.g. ['lm_head']"
     )
+    gradient_checkpointing: bool = Field(
+        False,
+        description="recompute each layer's activations in the backward pass: less activation memory, more compute, "
+        "the same gradients (HF models; megatron: full recompute)",
+    )
 
     @field_validator("betas")
     @classmethod
@@ -110,6 +115,23 @@ def freeze_except(model, prefixes) -> int:
     return n
 
 
+
+def enable_checkpointing(model) -> None:
+    """Gradient checkpointing for an HF model: each decoder layer's activations are recomputed in the backward pass
+    (non-reentrant, so frozen embeddings and `train_only` are fine). Active only in training mode: generation keeps its
+    KV cache."""
+    if not hasattr(model, "gradient_checkpointing_enable"):
+        raise ValueError(
+            f"grpo.gradient_checkpointing: {type(model).__name__} is not a Hugging Face model; turn it off for this "
+            "policy"
+        )
+    kw = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2 (the old name is deprecated)
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kw)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
+
+
 class GRPOTrainer:
     "GRPO for one local policy: AdamW, frozen reference for the k3 KL, micro-batched token-level loss."
 
@@ -118,6 +140,8 @@ class GRPOTrainer:
         self.model = policy.model
         if cfg.train_only:
             freeze_except(self.model, cfg.train_only)
+        if cfg.gradient_checkpointing:
+            enable_checkpointing(self.model)
         self.ref = copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
         self.opt = self._optimizer()
 

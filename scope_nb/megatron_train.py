@@ -4,7 +4,7 @@
 
 # %% ../nbs/62_megatron_train.ipynb #8f6a7037
 from __future__ import annotations
-import contextlib
+import contextlib, functools
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -107,8 +107,13 @@ def _device_lookup(dev: torch.device):
         torch.cuda.current_device = saved
 
 
-def build_gpt(hf_config, tp: int, device="cpu", dtype=torch.float32):
-    "A megatron-core GPTModel (local layer spec, no dropout) for `hf_config` under tensor parallelism `tp`."
+def build_gpt(hf_config, tp: int, device="cpu", dtype=torch.float32, recompute: bool = False):
+    """A megatron-core GPTModel (local layer spec, no dropout) for `hf_config` under tensor parallelism `tp`;
+    `recompute` recomputes every layer's activations in the backward pass (grpo's gradient_checkpointing).
+
+    Departure: megatron's own full recompute (`recompute_granularity="full"`) saves and restores CUDA RNG states, so it
+    cannot run on a CPU; we wrap each transformer layer in torch's non-reentrant checkpoint instead, which is the same
+    computation here because dropout is off (no RNG state to replay)."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -130,9 +135,19 @@ def build_gpt(hf_config, tp: int, device="cpu", dtype=torch.float32):
         perform_initialization=False,
     )
     gk = gpt_model_kwargs(hf_config) | dict(vocab_size=padded_vocab(hf_config.vocab_size, tp))
-    return GPTModel(
-        config=tc, transformer_layer_spec=get_gpt_layer_local_spec(qk_layernorm=kw["qk_layernorm"]), **gk
-    ).to(device)
+    m = GPTModel(config=tc, transformer_layer_spec=get_gpt_layer_local_spec(qk_layernorm=kw["qk_layernorm"]), **gk)
+    if recompute:
+        for layer in m.decoder.layers:
+            layer.forward = functools.partial(_checkpointed, layer.forward)
+        m.recompute_layers = True
+    return m.to(device)
+
+
+def _checkpointed(forward, *args, **kwargs):
+    "One layer's forward under torch's non-reentrant activation checkpoint."
+    from torch.utils.checkpoint import checkpoint
+
+    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
 # %% ../nbs/62_megatron_train.ipynb #b582fb6d
 class _GatherVocab(torch.autograd.Function):
@@ -195,7 +210,7 @@ class MegatronTrainer(GRPOTrainer):
         self.opt = self._optimizer()
 
     def _build(self, full: dict):
-        m = build_gpt(self.hf_config, self.tp, self.device, self.dtype)
+        m = build_gpt(self.hf_config, self.tp, self.device, self.dtype, self.cfg.gradient_checkpointing)
         self._load(m, full)
         pad, rows = (
             getattr(self.hf_config, "pad_token_id", None),

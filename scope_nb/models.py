@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 # %% auto #0
-__all__ = ['PACKAGED_MODELS', 'HUB_ID', 'HUB_HINT', 'PackagedModel', 'ModelNotFound', 'cache_dir', 'packaged_model',
-           'model_files', 'model_installed', 'model_path', 'LoadedLM', 'is_hub_id', 'hub_snapshot', 'load_causal_lm',
-           'render_chat', 'generate_chat', 'Embedder', 'load_embedder']
+__all__ = ['PACKAGED_MODELS', 'HUB_ID', 'PackagedModel', 'ModelNotFound', 'cache_dir', 'packaged_model', 'model_files',
+           'model_installed', 'model_path', 'LoadedLM', 'hub_message', 'hub_offline', 'is_hub_id', 'hub_snapshot',
+           'load_causal_lm', 'render_chat', 'generate_chat', 'Embedder', 'load_embedder']
 
 # %% ../nbs/02_models.ipynb #b0492365
 @dataclass(frozen=True)
@@ -192,20 +192,45 @@ def _import_classes(folder: Path):
 
 
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
-HUB_HINT = ("a Hugging Face hub id with no copy on this machine (nothing is downloaded here): download it first "
-            "(`hf download ID` on a GPU node), or give a local path")
+def hub_message(repo_id: str, why: str = "") -> str:
+    "What to do about a hub id that is neither in the local cache nor downloadable (`why`: what stopped the download)."
+    from huggingface_hub import constants
+
+    return (
+        f"a Hugging Face hub id with no copy in the local cache ({constants.HF_HUB_CACHE})"
+        + (f" and no download ({why})" if why else "")
+        + f". Without network: download it where there is one (`hf download {repo_id}`), bring the cache (HF_HOME) "
+        "here and set HF_HUB_OFFLINE=1; or set the model to a local folder (a save_pretrained copy)"
+    )
+
+
+def hub_offline() -> bool:
+    "Whether HF_HUB_OFFLINE asks for no network (then a hub id must already be in the cache)."
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 def is_hub_id(spec: str) -> bool:
     "`org/name` that is not an existing path: a Hugging Face hub model id (the GPU launchers' agents and simulators)."
     return bool(HUB_ID.fullmatch(spec)) and not Path(spec).exists()
 
-def hub_snapshot(repo_id: str) -> Path | None:
-    "The snapshot folder of hub model `repo_id` in the local Hugging Face cache (`$HF_HUB_CACHE`), or None."
+def hub_snapshot(repo_id: str, download: bool = False) -> Path | None:
+    """The snapshot folder of hub model `repo_id` in the Hugging Face cache (transformers' own: `HF_HOME`,
+    `HF_HUB_CACHE`), or None; `download=True` fetches it when absent (unless HF_HUB_OFFLINE) and raises ModelNotFound
+    with `hub_message` when that fails."""
     from huggingface_hub import snapshot_download
+
+    cache = os.environ.get("HF_HUB_CACHE") or None
     try:
-        return Path(snapshot_download(repo_id, local_files_only=True, cache_dir=os.environ.get("HF_HUB_CACHE") or None))
+        return Path(snapshot_download(repo_id, local_files_only=True, cache_dir=cache))
     except Exception:
-        return None
+        if not download:
+            return None
+    if hub_offline():
+        raise ModelNotFound(f"{repo_id!r}: {hub_message(repo_id, 'HF_HUB_OFFLINE is set')}")
+    try:
+        return Path(snapshot_download(repo_id, cache_dir=cache))
+    except Exception as e:
+        why = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+        raise ModelNotFound(f"{repo_id!r}: {hub_message(repo_id, why)}") from None
 
 
 def load_causal_lm(name: str, dtype: str = "float32", cache: bool = True) -> LoadedLM:
@@ -236,9 +261,7 @@ def load_causal_lm(name: str, dtype: str = "float32", cache: bool = True) -> Loa
     else:
         p = Path(name)
         if is_hub_id(name):
-            p = hub_snapshot(name)
-            if p is None:
-                raise ModelNotFound(f"{name!r}: {HUB_HINT}")
+            p = hub_snapshot(name, download=True)
         elif not p.exists():
             packaged_model(name)  # raises with the list of known names
         src, path = "path", p

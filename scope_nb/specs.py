@@ -11,7 +11,8 @@ from typing import Any, Callable, Literal
 from pydantic import Field, field_validator
 from .core import echo_user, ScriptedSpeaker, Settings, Speaker
 from .llama_server import llama_cpp_available
-from .models import HUB_HINT, PACKAGED_MODELS, hub_snapshot, is_hub_id, load_causal_lm, model_installed
+from .models import PACKAGED_MODELS, hub_message, hub_offline, hub_snapshot, is_hub_id, load_causal_lm
+from .models import model_installed
 from .sim_modes import CheckpointPool, PersonaGuided, PoolSpeaker, Rotation, Servers, load_personas
 from .simulators import ApiConfig, ApiSpeaker, Verbalized
 from .training import LocalPolicy, tiny_policy
@@ -87,6 +88,11 @@ class SpeakerSettings(Settings):
         "batch",
         description="local policies: one generator per call (batch) or per episode (episode: results do not depend "
                     "on batching)",
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32",
+        description="weights of a local model (packaged, path or hub id): float32 on a CPU, bfloat16 on a GPU "
+        "(the trainers compute in it; logprobs are taken in float32)",
     )
     hidden: int = Field(32, ge=1, le=4096, description="tiny and lab policies: hidden width")
     layers: int = Field(1, ge=1, le=16, description="tiny and lab policies: layers")
@@ -273,7 +279,9 @@ def _check_scripted(spec, vocab, role):
 
 
 def _check_hub(spec, vocab, role):
-    if hub_snapshot(spec) is None: raise ValueError(HUB_HINT)
+    "Offline, a hub id must be in the cache already; online it is downloaded when the speaker is built (before step 0)."
+    if hub_offline() and hub_snapshot(spec) is None:
+        raise ValueError(hub_message(spec, "HF_HUB_OFFLINE is set"))
 
 def _check_local(spec, vocab, role):
     if spec in PACKAGED_MODELS:
@@ -290,10 +298,14 @@ def _check_local(spec, vocab, role):
 
 
 def _build_local(spec, sec, env, name, seed, trainable, servers):
-    kw = _local_kw(sec, name, seed, trainable)
+    kw, dtype = _local_kw(sec, name, seed, trainable), getattr(sec, "dtype", "float32")
     if spec == "tiny":
-        return tiny_policy(env.vocab, hidden=sec.hidden, layers=sec.layers, **kw)
-    lm = load_causal_lm(spec)
+        import torch
+
+        pol = tiny_policy(env.vocab, hidden=sec.hidden, layers=sec.layers, **kw)
+        pol.model.to(getattr(torch, dtype))
+        return pol
+    lm = load_causal_lm(spec, dtype=dtype)
     return LocalPolicy(lm.model, lm.tokenizer, **kw)
 
 

@@ -1,5 +1,6 @@
 """Real packaged models on the CPU: locate, load, cache, chat; clear errors for unknown names and missing packages."""
 import os, re, subprocess, sys
+import torch
 from pathlib import Path
 import pytest
 from scope_nb import models
@@ -83,7 +84,36 @@ def test_hub_ids_load_from_the_local_hf_cache_and_fail_clearly_when_absent(tmp_p
     check_spec("scope-test/tiny-chat", "agent.model")
     pol = build_speaker("scope-test/tiny-chat", None, None, "agent", 0, trainable=True)
     assert sum(p.numel() for p in pol.model.parameters()) == sum(p.numel() for p in lm.model.parameters())
-    with pytest.raises(ValueError, match="hub id with no copy on this machine"): check_spec("scope-test/absent", "agent.model")
-    with pytest.raises(ConfigError, match=r"agent.model = 'scope-test/absent': a Hugging Face hub id"):
+    with pytest.raises(ValueError, match="hub id with no copy in the local cache"): check_spec("scope-test/absent", "agent.model")
+    with pytest.raises(ConfigError, match=r"agent.model = 'scope-test/absent': a Hugging Face hub id .*HF_HUB_OFFLINE is set"):
         load_config(overrides=["agent.model='scope-test/absent'", "env.name='ask'"])
     with pytest.raises(ModelNotFound, match="hub id with no copy"): load_causal_lm("scope-test/absent")
+
+
+def test_a_hub_id_without_network_fails_before_training_naming_what_to_do(tmp_path):
+    "No HF_HUB_OFFLINE, no network (the hub endpoint is a closed loopback port): one message, exit 2, nothing trained."
+    import os, subprocess, sys
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_ENDPOINT": "http://127.0.0.1:9"}
+    env.pop("HF_HUB_OFFLINE", None)
+    p = subprocess.run([str(Path(sys.executable).parent / "scope"), "train", "--set", "env.name='ask'",
+                        "--set", "agent.model='Qwen/Qwen3-0.6B'", "--set", f"run.out_dir='{tmp_path}'", "--no-progress"],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    for part in ("'Qwen/Qwen3-0.6B'", "no copy in the local cache", "hf download Qwen/Qwen3-0.6B", "HF_HUB_OFFLINE=1",
+                 "local folder"):
+        assert part in p.stderr, (part, p.stderr)
+    assert not list(tmp_path.glob("*/metrics.jsonl")) or all(f.stat().st_size == 0 for f in tmp_path.glob("*/metrics.jsonl"))
+
+
+def test_a_saved_model_folder_loads_and_trains(tmp_path):
+    "A local folder written with save_pretrained (what a GPU user copies from a hub snapshot) is a model spec."
+    from scope_nb.specs import build_speaker
+    from scope_nb.training import tiny_policy
+    from scope_nb.lab import LAB_VOCAB
+    pol = tiny_policy(LAB_VOCAB, hidden=16, layers=1, seed=3, name="agent", trainable=True, temperature=1.0, max_new_tokens=2)
+    pol.model.save_pretrained(tmp_path / "m")
+    pol.tok.save_pretrained(tmp_path / "m")
+    lm = load_causal_lm(str(tmp_path / "m"))
+    assert lm.source == "path" and all(torch.equal(a, b) for a, b in zip(lm.model.parameters(), pol.model.parameters()))
+    sp = build_speaker(str(tmp_path / "m"), None, None, "agent", 0, trainable=True)
+    assert sum(p.numel() for p in sp.model.parameters()) == sum(p.numel() for p in pol.model.parameters())
