@@ -21,7 +21,7 @@ STAMP  := $(VENV)/.installed
 # pip's own output only when it fails (pip configs and old packages print pages of notices on success)
 QUIET   = > $(VENV)/pip.log 2>&1 || { cat $(VENV)/pip.log; exit 1; }
 
-.PHONY: venv core browser postgres demo lab llm test test-slow bench sync clean-cache
+.PHONY: venv core browser postgres demo lab llm test test-slow bench notebooks sync clean-cache
 # core: what `make demo` needs (torch, transformers, numpy, matplotlib, scipy: the lab runs on these alone)
 core: $(CORE)
 # venv: everything else the tests and the other targets use (llama.cpp, tau2, the study app, Ray, megatron, models)
@@ -86,6 +86,10 @@ bench: venv
 	@t0=$$(date +%s); for s in engine_overhead api_vs lab_cost grpo_vs_trl model_load shop_step; do \
 	  t=$$(date +%s); echo "== bench/bench_$$s.py"; $(PY) bench/bench_$$s.py || exit 1; \
 	  echo "(bench_$$s.py: $$(( $$(date +%s) - t )) s)"; done; echo "make bench: $$(( $$(date +%s) - t0 )) s in all"
+
+## notebooks: execute the notebooks whose outputs a reader benefits from (theory, collapse calibration, lab, report) and save them
+notebooks: venv
+	$(PY) tools/run_notebooks.py
 
 ## sync: export notebooks to the library and clean them (run before committing)
 sync: venv
