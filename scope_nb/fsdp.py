@@ -43,7 +43,7 @@ class FSDPTrainer(GRPOTrainer):
             )
         self.ref = copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None  # replicated
         if cfg.gradient_checkpointing:
-            enable_checkpointing(self.model)  # before sharding: each layer is checkpointed, then sharded
+            enable_checkpointing(self.model, False)  # checked here; GRPOTrainer.step switches it on for each update
         for layer in decoder_layers(self.model):
             fully_shard(layer)
         fully_shard(self.model)

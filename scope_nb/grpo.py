@@ -116,20 +116,23 @@ def freeze_except(model, prefixes) -> int:
 
 
 
-def enable_checkpointing(model) -> None:
-    """Gradient checkpointing for an HF model: each decoder layer's activations are recomputed in the backward pass
-    (non-reentrant, so frozen embeddings and `train_only` are fine). Active only in training mode: generation keeps its
-    KV cache."""
+def enable_checkpointing(model, on: bool = True) -> None:
+    """Turn gradient checkpointing of an HF model on or off: each decoder layer's activations are recomputed in the
+    backward pass (non-reentrant, so frozen embeddings and `train_only` are fine). The trainer turns it on for its
+    update only: with it on, transformers generates without its KV cache (9x slower for SmolLM2, measured in the
+    prose above)."""
     if not hasattr(model, "gradient_checkpointing_enable"):
         raise ValueError(
             f"grpo.gradient_checkpointing: {type(model).__name__} is not a Hugging Face model; turn it off for this "
             "policy"
         )
-    kw = {"use_reentrant": False}
-    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2 (the old name is deprecated)
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kw)
+    new = hasattr(model, "activation_checkpointing_enable")  # transformers >= 5.2 (the old names are deprecated)
+    if not on:
+        (model.activation_checkpointing_disable if new else model.gradient_checkpointing_disable)()
+    elif new:
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 class GRPOTrainer:
@@ -140,8 +143,8 @@ class GRPOTrainer:
         self.model = policy.model
         if cfg.train_only:
             freeze_except(self.model, cfg.train_only)
-        if cfg.gradient_checkpointing:
-            enable_checkpointing(self.model)
+        if cfg.gradient_checkpointing:  # checked here, switched on around each update (`step`)
+            enable_checkpointing(self.model, False)
         self.ref = copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
         self.opt = self._optimizer()
 
@@ -219,6 +222,22 @@ class GRPOTrainer:
         if not items:
             return stats
         self.model.train()
+        self._checkpointing(cfg.gradient_checkpointing)
+        try:
+            self._update(items, stats)
+        finally:
+            self._checkpointing(False)
+            self.model.eval()
+        return stats
+
+    def _checkpointing(self, on: bool) -> None:
+        "Gradient checkpointing on for an update, off afterwards (HF models; 62_megatron_train wraps its layers)."
+        if self.cfg.gradient_checkpointing:
+            enable_checkpointing(self.model, on)
+
+    def _update(self, items: list, stats: dict) -> None:
+        "The optimizer steps of `step` (model in training mode); fills `stats`."
+        cfg = self.cfg
         n_upd = max(1, min(cfg.updates_per_batch, len(items)))
         minibatches = [items[k::n_upd] for k in range(n_upd)]
         sums = dict(loss=0.0, kl=0.0, clipfrac=0.0, entropy=0.0)
@@ -232,7 +251,6 @@ class GRPOTrainer:
                 sums["loss"] += float(loss.detach()) / n_upd
             stats["grad_norm"] += self._clip_grads() / n_upd
             self.opt.step()
-        self.model.eval()
         sums = self._sum(sums)
         total = sum(t.n_generated for t, _ in items)
         stats.update(
@@ -242,7 +260,6 @@ class GRPOTrainer:
             entropy=sums["entropy"] / total,
             tokens=total,
         )
-        return stats
 
 # %% ../nbs/32_grpo.ipynb #3e380850
 def role_items(

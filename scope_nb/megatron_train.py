@@ -282,6 +282,9 @@ class MegatronTrainer(GRPOTrainer):
             self._load(self.model, hf_to_megatron(sd, self.hf_config))
         self.policy.model.load_state_dict(sd)
 
+    def _checkpointing(self, on: bool) -> None:
+        "Nothing to switch: `build_gpt` wrapped the layers (under no_grad, torch's checkpoint just runs forward)."
+
     def step(self, items) -> dict:
         "GRPOTrainer's update, then the HF policy (rollouts, checkpoints) gets the new weights."
         stats = super().step(items)

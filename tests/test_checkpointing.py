@@ -36,8 +36,12 @@ def _same(got, want):
 
 def test_checkpointing_single_process_gives_the_same_gradients(batches, plain):
     tr = GRPOTrainer(_policy(), GC)
-    assert getattr(tr.model, "is_activation_checkpointing", None) or tr.model.is_gradient_checkpointing
+    on = lambda m: getattr(m, "is_activation_checkpointing", None) or m.is_gradient_checkpointing
+    seen = []
+    tr._update = lambda items, stats, f=tr._update: (seen.append(on(tr.model)), f(items, stats))[1]
     _same(_grads_and_params(tr, batches, lambda t: t.clone()), plain)
+    # on during each update, off afterwards: with it on, transformers generates without its KV cache (9x slower)
+    assert seen == [True] * len(batches) and not on(tr.model)
 
 
 def test_bf16_weights_give_the_float32_gradients_within_bf16_precision(batches, plain):
