@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 import numpy as np
 from .core import parse_tool_calls, Reply, Request, Speaker, ToolCall
-from .verbalized import parse_vs, vs_draw, vs_instructions, vs_response_format, VSConfig, VSParse
+from .verbalized import parse_vs, vs_draw, vs_instructions, vs_leak, vs_response_format, VSConfig, VSParse
 
 # %% auto #0
 __all__ = ['run_coro', 'retry_after_seconds', 'api_failure', 'retry_delay', 'ApiConfig', 'request_seed', 'CallResult',
@@ -328,7 +328,8 @@ class Verbalized(Speaker):
         self.base, self.vs, self.extra, self.seed = base, vs, extra, seed
         self.name = name or f"vs-{base.name}"
         self.concurrent, self.api = base.concurrent, base.api
-        self.stats = dict(turns=0, parsed=0, complete=0, fallback_uniform=0, fallback_plain=0, failed=0, shared=0)
+        self.stats = dict(turns=0, parsed=0, complete=0, fallback_uniform=0, fallback_plain=0, failed=0, shared=0,
+                          guard_dropped=0, guard_drawn=0, guard_retried=0, guard_failed=0)
 
     def reseed(self, seed: int):
         self.seed = seed
@@ -351,11 +352,41 @@ class Verbalized(Speaker):
             for i, k in enumerate(keys)
         ]
 
+    def _usable(self, p: VSParse) -> VSParse:
+        "`p` without candidates that are themselves VS answers, JSON or empty (`03_verbalized.vs_leak`); counted."
+        keep = [k for k, t in enumerate(p.texts) if vs_leak(t) is None]
+        if len(keep) == len(p.texts):
+            return p
+        self.stats["guard_dropped"] += len(p.texts) - len(keep)
+        if not keep:
+            return VSParse(error="no_valid_items", n_raw=p.n_raw)
+        return VSParse([p.texts[k] for k in keep], [p.probs[k] for k in keep], None, p.n_raw, False)
+
+    def _drawn(self, req, p: VSParse, vs: dict, api) -> Reply:
+        "The reply drawn from candidates `p` with the episode's seeded generator, its record in `vs`."
+        k, w, uniform = vs_draw(p, self.vs.method, episode_rng(self.seed, req.key, req.turn))
+        self.stats["parsed"] += 1
+        self.stats["complete"] += p.complete
+        self.stats["fallback_uniform"] += uniform
+        vs.update(
+            candidates=p.texts,
+            probabilities=p.probs,
+            weights=[round(float(x), 6) for x in w],
+            drawn=k,
+            complete=p.complete,
+            uniform_fallback=uniform,
+        )
+        return Reply(p.texts[k], info={"vs": vs, "api": api})
+
     def respond(self, requests, temperature=None):
+        """Draw each reply from its proposal; a turn whose proposal did not parse gets one ordinary reply
+        (`on_failure = "plain"`) or fails. Every text passes `vs_leak` before it becomes the user's turn: a candidate
+        that is JSON is dropped, a plain reply that is a VS answer is drawn from, one that is other JSON or empty is
+        asked again (up to `vs.attempts` times) and then marked failed, never entered raw."""
         props = self._propose(requests, temperature)
         replies, plain_idx = [None] * len(requests), []
         for i, (req, pr) in enumerate(zip(requests, props)):
-            p = pr["parse"]
+            p = self._usable(pr["parse"]) if pr["parse"].ok else pr["parse"]
             self.stats["turns"] += 1
             vs = {
                 "n": self.vs.n,
@@ -369,19 +400,7 @@ class Verbalized(Speaker):
             if "raw_failures" in pr:
                 vs["raw_failures"] = pr["raw_failures"]
             if p.ok:
-                k, w, uniform = vs_draw(p, self.vs.method, episode_rng(self.seed, req.key, req.turn))
-                self.stats["parsed"] += 1
-                self.stats["complete"] += p.complete
-                self.stats["fallback_uniform"] += uniform
-                vs.update(
-                    candidates=p.texts,
-                    probabilities=p.probs,
-                    weights=[round(float(x), 6) for x in w],
-                    drawn=k,
-                    complete=p.complete,
-                    uniform_fallback=uniform,
-                )
-                replies[i] = Reply(p.texts[k], info={"vs": vs, "api": pr["api"]})
+                replies[i] = self._drawn(req, p, vs, pr["api"])
             elif self.vs.on_failure == "plain":
                 plain_idx.append(i)
                 replies[i] = vs
@@ -394,15 +413,49 @@ class Verbalized(Speaker):
                     f"({', '.join(pr['errors'])})",
                     info={"vs": vs},
                 )
-        if plain_idx:  # explicit fallback: one ordinary reply from the same model, recorded as such
-            plain = self.base.respond([requests[i] for i in plain_idx], temperature)
-            for i, rep in zip(plain_idx, plain):
+        if plain_idx:  # explicit fallback: an ordinary reply from the same model, recorded as such, and guarded
+            self._plain_fallback(requests, replies, plain_idx, temperature)
+        return replies
+
+    def _plain_fallback(self, requests, replies, todo, temperature):
+        "Ordinary replies for the turns in `todo` (their `replies[i]` holds the VS record), through the guard."
+        for attempt in range(self.vs.attempts):
+            again = []
+            for i, rep in zip(todo, self.base.respond([requests[i] for i in todo], temperature)):
                 vs = replies[i]
                 vs["fallback"] = "plain"
-                self.stats["fallback_plain"] += 1
-                rep.info = {**rep.info, "vs": vs}
-                replies[i] = rep
-        return replies
+                kind = None if rep.failed else vs_leak(rep.content)
+                if kind == "vs":  # the endpoint answered a plain request with a VS answer: draw from it
+                    p = self._usable(parse_vs(rep.content, self.vs.n))
+                    if p.ok:
+                        self.stats["guard_drawn"] += 1
+                        vs["guard"] = "drawn"
+                        replies[i] = self._drawn(requests[i], p, vs, rep.info.get("api", []))
+                        continue
+                    kind = "json"
+                if kind is None:
+                    self.stats["fallback_plain"] += 1
+                    rep.info = {**rep.info, "vs": vs}
+                    replies[i] = rep
+                    continue
+                vs.setdefault("guard_rejected", []).append(kind)
+                again.append(i)
+            if not again:
+                return
+            if attempt + 1 < self.vs.attempts:
+                self.stats["guard_retried"] += len(again)
+            todo = again
+        for i in todo:
+            self.stats["failed"] += 1
+            self.stats["guard_failed"] += 1
+            vs = replies[i]
+            replies[i] = Reply(
+                None,
+                failed=True,
+                error=f"verbalized sampling: the plain fallback answered {'/'.join(vs['guard_rejected'])} "
+                f"{self.vs.attempts} times, never plain text",
+                info={"vs": vs},
+            )
 
 # %% ../nbs/20_simulators.ipynb #2142d126
 class CategoricalSimulator(Speaker):

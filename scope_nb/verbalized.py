@@ -13,7 +13,7 @@ from .core import Settings
 
 # %% auto #0
 __all__ = ['VS_METHODS', 'STRUCTURED', 'vs_instructions', 'vs_schema', 'vs_response_format', 'VSParse', 'parse_vs', 'VSConfig',
-           'vs_weights', 'vs_draw']
+           'vs_leak', 'vs_weights', 'vs_draw']
 
 # %% ../nbs/03_verbalized.ipynb #29735b1d
 VS_METHODS = ("prob", "random")
@@ -257,6 +257,26 @@ class VSConfig(Settings):
         description="one proposal per distinct conversation in a batch, each episode drawing with its "
         "own generator (a departure from the paper, see 20_simulators)",
     )
+
+# %% ../nbs/03_verbalized.ipynb #54080e2b
+_JSON_KEY = re.compile(r'"[^"\n]{0,40}"\s*:')
+_VS_KEYS = re.compile(r'["\']\s*(responses|probability|probabilities|candidates)\s*["\']\s*:', re.I)
+
+
+def vs_leak(text) -> str | None:
+    """Why `text` may not enter a conversation as one plain reply: 'vs' (it is a VS answer: draw from its candidates),
+    'json' (JSON-shaped or carrying VS keys, but no usable candidates), 'empty'; None for plain text."""
+    if not isinstance(text, str) or not text.strip():
+        return "empty"
+    s = text.strip()
+    fenced = _FENCE.search(s) is not None
+    bare = (s[0], s[-1]) in (("{", "}"), ("[", "]")) or (s[0] in "{[" and _JSON_KEY.search(s) is not None)
+    if not (fenced or bare or _VS_KEYS.search(s)):
+        return None
+    if (fenced or bare) and _find_json(s) is None and not _VS_KEYS.search(s):
+        # a fence of code, or prose in brackets ("[smiles] Sure!", "[Yes, please]"), unless it has JSON's key syntax
+        return "json" if bare and _JSON_KEY.search(s) else None
+    return "vs" if parse_vs(s, 20).ok else "json"
 
 # %% ../nbs/03_verbalized.ipynb #94e3237a
 def vs_weights(probs, method: str = "prob") -> tuple[np.ndarray, bool]:

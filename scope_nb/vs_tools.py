@@ -44,6 +44,20 @@ def vs_summary(episodes, vs_speaker=None) -> dict:
         "agent_reward_mean": float(np.mean(agent_r)) if agent_r else None,
         "agent_reward_std": float(np.std(agent_r)) if agent_r else None,
     }
+    if vs_speaker is not None and hasattr(vs_speaker, "stats"):  # the guard (03_verbalized.vs_leak) at work
+        s = vs_speaker.stats
+        out["turn_counts"] = {
+            "drawn": s["parsed"],
+            "plain": s["fallback_plain"],
+            "failed": s["failed"],
+            "retried": s["guard_retried"],
+        }
+        out["guard"] = {
+            "candidates_dropped": s["guard_dropped"],
+            "plain_answers_drawn_from": s["guard_drawn"],
+            "plain_answers_retried": s["guard_retried"],
+            "turns_failed": s["guard_failed"],
+        }
     if vs_speaker is not None and hasattr(vs_speaker.base, "stats"):
         s = vs_speaker.base.stats
         out["api"] = {
