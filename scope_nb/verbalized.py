@@ -258,7 +258,7 @@ class VSConfig(Settings):
         "own generator (a departure from the paper, see 20_simulators)",
     )
 
-# %% ../nbs/03_verbalized.ipynb #54080e2b
+# %% ../nbs/03_verbalized.ipynb #921cd32b
 _JSON_KEY = re.compile(r'"[^"\n]{0,40}"\s*:')
 _VS_KEYS = re.compile(r'["\']\s*(responses|probability|probabilities|candidates)\s*["\']\s*:', re.I)
 
