@@ -23,7 +23,7 @@ def write_config(path: Path, llama, task_types: dict, max_tokens: int = 24, **kw
     kw = {"agent_timeout": 600.0, "min_turns": 1, "start_limit": 1000, **kw}   # llama.cpp on a shared CPU: a τ² prompt
     # or 50 queued participants take minutes; one message earns a code here; 50 participants start from one address
     kw.setdefault("db_url", f"sqlite:///{path.parent / 'study.db'}")
-    lines = [f'study_id = "s1"', 'max_turns = 3', 'max_chars = 500',
+    lines = ['study_id = "s1"', 'max_turns = 3', 'max_chars = 500',
              'redirect_url = "https://example.org/done?cc={code}"'] + [f"{k} = {json.dumps(v)}" for k, v in kw.items()]
     lines.append("[task_types]")
     lines += [f"{k} = {json.dumps(v)}" for k, v in task_types.items()]
@@ -160,15 +160,15 @@ async def _participant(i: int, url: str, acked: dict, done: dict):
     raise AssertionError(f"{pid} never finished")
 
 
-def test_fifty_participants_balanced_and_durable_through_a_restart(tmp_path, llama):
-    # P4G only: its 300-token prompts keep 50 sessions to about a minute of CPU generation (a τ² prompt takes ~1 min cold)
-    cfg = write_config(tmp_path / "study.toml", llama, {"p4g": ["0", "1", "2"]}, max_tokens=8)
+def run_with_a_kill(cfg: Path, tmp_path: Path, participants: int = 50) -> tuple[list[dict], dict]:
+    """`participants` concurrent participants finish a study while the app is killed (-9) and restarted on the same
+    database once 15 have an acknowledged turn; (the export read back by a fresh app, what was acknowledged)."""
     app = App(cfg, tmp_path / "app.log").start()
     acked, done = {}, {}
 
     async def main():
-        tasks = [asyncio.create_task(_participant(i, app.url, acked, done)) for i in range(50)]
-        while len(acked) < 15: await asyncio.sleep(0.2)    # kill -9 in the middle of the run, then restart on the same database
+        tasks = [asyncio.create_task(_participant(i, app.url, acked, done)) for i in range(participants)]
+        while len(acked) < 15: await asyncio.sleep(0.05)   # kill -9 in the middle of the run, then restart
         app.kill()
         await asyncio.sleep(1.0)
         await asyncio.to_thread(app.start)
@@ -176,17 +176,29 @@ def test_fifty_participants_balanced_and_durable_through_a_restart(tmp_path, lla
 
     try: asyncio.run(main())
     finally: app.stop()
-    assert len(done) == 50
+    assert len(done) == participants
     app2 = App(cfg, tmp_path / "app2.log").start()
     try:
         rows = [json.loads(l) for l in httpx.get(app2.url + "/admin/export", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=300).text.splitlines()]
     finally: app2.stop()
-    assert len(rows) == 50 and all(r["status"] == "surveyed" for r in rows)
+    return rows, acked
+
+
+def check_durable(rows: list[dict], acked: dict, participants: int = 50) -> None:
+    "Every session surveyed, every acknowledged turn and survey in the export."
+    assert len(rows) == participants and all(r["status"] == "surveyed" for r in rows)
     by_pid = {r["pid"]: r for r in rows}
     for pid, msgs in acked.items():
         if pid.endswith("/survey"): assert {k: v for k, v in by_pid[pid[:-7]]["survey"].items() if k != "comment"} == msgs[0]; continue
         texts = [t["content"] for t in by_pid[pid]["transcript"] if t["role"] == "user"]
         assert all(m in texts for m in msgs), (pid, msgs, texts)   # every acknowledged turn survived the kill
+
+
+def test_fifty_participants_balanced_and_durable_through_a_restart(tmp_path, llama):
+    # P4G only: its 300-token prompts keep 50 sessions to about a minute of CPU generation (a τ² prompt takes ~1 min cold)
+    cfg = write_config(tmp_path / "study.toml", llama, {"p4g": ["0", "1", "2"]}, max_tokens=8)
+    rows, acked = run_with_a_kill(cfg, tmp_path)
+    check_durable(rows, acked)
     n = [sum(r["arm"] == a for r in rows) for a in ("base", "rl-single", "vs", "co-training")]
     assert max(n) - min(n) <= 1, n
     assert sorted({r["task_id"] for r in rows}) == ["0", "1", "2"]      # personas rotate

@@ -2,12 +2,11 @@
 the checks the SQLite store passes — 50 concurrent participants with balanced arms, the app killed (-9) and restarted
 mid-study with no acknowledged turn or survey lost — against `postgresql+psycopg://`. The agent is the scripted
 OpenAI-compatible endpoint of `test_study_faults` (the store, not the model, is under test)."""
-import asyncio, glob, json, os, pwd, shutil, subprocess, tempfile, time
+import glob, os, pwd, shutil, subprocess, tempfile
 from types import SimpleNamespace
-import httpx
 import pytest
 from scope_nb.core import free_port
-from test_study import TOKEN, App, _participant, write_config
+from test_study import check_durable, run_with_a_kill, write_config
 from test_study_faults import Scripted
 
 
@@ -47,34 +46,10 @@ def test_fifty_participants_on_postgres_balanced_and_durable_through_a_restart(t
         endpoint = SimpleNamespace(base_url=ep.url, model_name="scripted")
         cfg = write_config(tmp_path / "study.toml", endpoint, {"p4g": ["0", "1", "2"]}, max_tokens=8,
                            db_url=postgres, agent_timeout=60.0)
-        app = App(cfg, tmp_path / "app.log").start()
-        acked, done = {}, {}
-
-        async def main():
-            tasks = [asyncio.create_task(_participant(i, app.url, acked, done)) for i in range(50)]
-            while len(acked) < 15: await asyncio.sleep(0.05)
-            app.kill()                                   # kill -9 mid-study, then restart on the same database
-            await asyncio.sleep(1.0)
-            await asyncio.to_thread(app.start)
-            await asyncio.gather(*tasks)
-
-        try: asyncio.run(main())
-        finally: app.stop()
-        assert len(done) == 50
-        app2 = App(cfg, tmp_path / "app2.log").start()
-        try:
-            rows = [json.loads(l) for l in httpx.get(app2.url + "/admin/export", headers={"Authorization": f"Bearer {TOKEN}"},
-                                                     timeout=300).text.splitlines()]
-        finally: app2.stop()
+        rows, acked = run_with_a_kill(cfg, tmp_path)
     finally:
         ep.server.shutdown()
-    assert len(rows) == 50 and all(r["status"] == "surveyed" for r in rows)
-    by_pid = {r["pid"]: r for r in rows}
-    for pid, msgs in acked.items():
-        if pid.endswith("/survey"):
-            assert {k: v for k, v in by_pid[pid[:-7]]["survey"].items() if k != "comment"} == msgs[0]
-            continue
-        assert all(m in [t["content"] for t in by_pid[pid]["transcript"] if t["role"] == "user"] for m in msgs), pid
+    check_durable(rows, acked)
     n = [sum(r["arm"] == a for r in rows) for a in ("base", "rl-single", "vs", "co-training")]
     assert max(n) - min(n) <= 1, n
     # the rows really are in PostgreSQL, not in a SQLite file next to the config
