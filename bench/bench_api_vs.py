@@ -6,8 +6,8 @@ SmolLM2), side by side.
 Part 1 (API concurrency): `--episodes` AskEnv episodes whose agent and user are API speakers behind a loopback
 proxy that adds `--latency` seconds to every call (as a remote API would). Sequential (concurrency 1) vs concurrent
 (concurrency = episodes), alternating; the concurrent run should take about one episode's time, not the sum.
-The server itself runs one request at a time, so its compute still adds up: the speed-up is bounded by
-(latency + compute) / compute per call.
+(Written for a server that ran one request at a time; llama-server now batches concurrent requests, measured
+without injected latency in `bench_sim_server.py`.)
 Part 2 (VS cost): `--vs-episodes` of the same episodes without injected latency (fewer, to keep `make bench` short), the user played plainly vs through Verbalized
 Sampling (n = 5 candidates in one JSON reply, drawn by probability). Rollout time ratio VS / plain. The paper's
 ~1.12x is per training step on GPUs, where the update dominates; here the ratio is of generation alone on a CPU

@@ -263,6 +263,15 @@ def _parser() -> argparse.ArgumentParser:
     sa.add_argument("export")
     sa.add_argument("--out", default="runs/study/analysis")
     sa.add_argument("--seed", type=int, default=0)
+    ls = sub.add_parser(
+        "llama-server", help="build llama.cpp's own llama-server (the local simulator server) or say where it is"
+    )
+    ls.add_argument("action", choices=["build", "where"])
+    ls.add_argument("--force", action="store_true", help="rebuild even if it is there")
+    ls.add_argument("--dest", default=None, help="install it here (default: next to this Python)")
+    ls.add_argument("--jobs", type=int, default=None, help="parallel compile jobs (default: every core)")
+    ls.add_argument("--cmake", default=None, help="CMake flags replacing the portable x86-64 defaults (LLAMA_CMAKE), "
+                    "e.g. '-DGGML_NATIVE=ON'")
     d = sub.add_parser("demo", help="the main job on embedded defaults: the collapse lab comparison (figures + table)")
     d.add_argument("--seeds", type=int, default=1)
     d.add_argument("--out", default="runs/demo")
@@ -464,6 +473,15 @@ def main(argv: list[str] | None = None) -> int:
             from scope_nb.config import config_docs
 
             print(config_docs())
+        elif args.cmd == "llama-server":
+            from scope_nb.llama_server import _NO_SERVER, LLAMA_CMAKE, build_llama_server, llama_server_binary
+
+            if args.action == "where":
+                exe = llama_server_binary()
+                print(exe or _NO_SERVER)
+                return 0 if exe else 1
+            flags = tuple(args.cmake.split()) if args.cmake is not None else LLAMA_CMAKE
+            build_llama_server(args.dest, cmake_args=flags, jobs=args.jobs, force=args.force)
         elif args.cmd == "demo":
             if args.conversation:
                 demo_conversation(args.model, rounds=args.rounds, max_new_tokens=args.max_new_tokens, seed=args.seed)

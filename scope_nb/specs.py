@@ -253,7 +253,7 @@ def _shop_chat(spec) -> bool:
 
 def _check_llama(spec, vocab, role):
     if not llama_cpp_available():
-        raise ValueError("needs llama-cpp-python: install the `server` extra (make venv does)")
+        raise ValueError("needs llama.cpp's llama-server: `scope llama-server build` (make venv does it)")
     _check_local(spec.split(":", 1)[1], None, "user")
 
 

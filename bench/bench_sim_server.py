@@ -1,0 +1,180 @@
+"""The embedded simulator server (llama.cpp's llama-server serving SmolLM2 on this machine's cores), side by side.
+
+    .venv/bin/python bench/bench_sim_server.py [--episodes 8] [--turns 4] [--repeats 3] [--parts 123]
+
+Part 1 (batching): `--episodes` P4G episodes (SmolLM2 persuader and persuadee, `--turns` messages each) sent one
+request at a time (concurrency 1) vs all at once (concurrency = episodes), alternating, no injected latency. The
+server decodes concurrent requests in one batch, so the concurrent run overlaps compute, not just waiting.
+Throughput = completion tokens per second (sampled replies differ in length between runs) and episodes per second.
+
+Part 2 (Verbalized Sampling): the persuadee's first turn of the same episodes, all requests at once as in a rollout
+group: a plain reply (<= 48 tokens) vs VS with n = 5 candidates, asked two ways: one JSON answer listing the five
+(`list`, the library's `propose`, grammar-constrained) and five samples of a one-candidate JSON answer in one request
+(`samples`, `n = 5`, sharing the prompt). Per-turn time ratio to plain and the share of turns with five valid
+candidates.
+
+Part 3 (the study): a τ² retail session's agent reply through the study's streaming call on a server that also
+serves a P4G session: the first reply (cold: the τ² prompt, ~4k tokens, is processed) and the next one (warm: the
+slot keeps the prefix), each while a P4G reply is generated alongside.
+"""
+import argparse, asyncio, json, statistics, sys, time, urllib.request
+
+from scope_nb.llama_server import LlamaServer
+from scope_nb.p4g import P4GEnv
+from scope_nb.rollout import rollout
+from scope_nb.simulators import ApiConfig, ApiSpeaker, Request
+from scope_nb.verbalized import VSConfig, parse_vs, vs_instructions, vs_response_format
+
+OPENER = "Hello! I work with Save the Children. Have you heard of the charity, and would you consider a donation?"
+
+
+def speaker(srv, conc, name, max_tokens=48):
+    cfg = ApiConfig(model=srv.model_name, base_url=srv.base_url, api_key_env=None, concurrency=conc,
+                    max_tokens=max_tokens, timeout=600.0)
+    return ApiSpeaker(cfg, name=name, temperature=0.7)
+
+
+def episodes(srv, env, n, conc, seed):
+    "One rollout of n episodes; (seconds, completion tokens, failed episodes)."
+    agent, user = speaker(srv, conc, "agent"), speaker(srv, conc, "user")
+    agent.reseed(seed), user.reseed(seed)
+    tasks = (env.tasks("train") * n)[:n]
+    t0 = time.perf_counter()
+    res = rollout(env, tasks, 1, {"agent": agent, "user": user}, (), {"agent": 0.7, "user": 0.7})
+    dt = time.perf_counter() - t0
+    failed = sum(e.status == "failed" for e in res.episodes)
+    return dt, agent.stats["completion_tokens"] + user.stats["completion_tokens"], failed
+
+
+def part1(srv, a):
+    env = P4GEnv(max_turns=a.turns)
+    episodes(srv, env, 2, 2, 99)  # warm-up: model pages and the shared system prompt in the cache
+    seq, conc = [], []
+    for r in range(a.repeats):
+        seq.append(episodes(srv, env, a.episodes, 1, r))
+        conc.append(episodes(srv, env, a.episodes, a.episodes, r))
+    assert not any(f for _, _, f in seq + conc), "failed episodes"
+    tps = lambda runs: statistics.median(t / s for s, t, _ in runs)
+    eps = lambda runs: statistics.median(a.episodes / s for s, _, _ in runs)
+    print(f"Part 1: {a.episodes} P4G episodes ({a.turns} messages), SmolLM2 on llama-server "
+          f"({srv.parallel} slots, {srv.n_threads or 'all'} threads), medians of {a.repeats}")
+    for name, runs in (("one at a time", seq), (f"{a.episodes} at once", conc)):
+        print(f"  {name:<14} {statistics.median(s for s, _, _ in runs):6.1f} s  {eps(runs):5.3f} episodes/s  "
+              f"{tps(runs):6.1f} tokens/s  (tokens per run {statistics.median(t for _, t, _ in runs):.0f})")
+    return tps(conc) / tps(seq), eps(conc) / eps(seq)
+
+
+def user_turns(env, n):
+    "The persuadee's first turn of n episodes: messages after the persuader's opener."
+    out = []
+    for i, task in enumerate((env.tasks("train") * n)[:n]):
+        st = env.reset(task)
+        if st.next == "agent":
+            env.apply(st, "agent", OPENER)
+        out.append(Request(st.conversation.view("user"), key=f"u{i}"))
+    return out
+
+
+def post(srv, body):
+    req = urllib.request.Request(f"{srv.base_url}/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as r:
+        return json.loads(r.read())
+
+
+def vs_samples(srv, reqs, n, max_tokens):
+    "n samples of a one-candidate VS answer per request, all requests at once; share of requests with n valid ones."
+    fmt = vs_response_format(1, "prob", "json_object_schema", max_chars=3 * max_tokens)
+    block = vs_instructions(1, "prob")
+    def one(i_req):
+        i, r = i_req
+        msgs = [dict(m) for m in r.messages]
+        msgs[0]["content"] = (msgs[0]["content"] or "") + "\n\n" + block
+        out = post(srv, {"model": srv.model_name, "messages": msgs, "n": n, "temperature": 0.7, "seed": i,
+                         "max_tokens": max_tokens + 40, "response_format": fmt})
+        return sum(parse_vs(c["message"]["content"], 1).ok for c in out["choices"]) == n
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(len(reqs)) as ex:
+        return statistics.mean(ex.map(one, enumerate(reqs)))
+
+
+def part2(srv, a):
+    env = P4GEnv(max_turns=a.turns)
+    reqs = user_turns(env, a.episodes)
+    plain_sp, vs_sp = speaker(srv, a.episodes, "user"), speaker(srv, a.episodes, "user")
+    vs = VSConfig(n=5, attempts=1)
+    times = {"plain": [], "list": [], "samples": []}
+    valid = {"plain": [], "list": [], "samples": []}
+    for r in range(a.repeats):
+        plain_sp.reseed(r), vs_sp.reseed(r)
+        t0 = time.perf_counter(); reps = plain_sp.respond(reqs); times["plain"].append(time.perf_counter() - t0)
+        valid["plain"].append(statistics.mean(bool(x.content and not x.failed) for x in reps))
+        t0 = time.perf_counter(); props = vs_sp.propose(reqs, vs); times["list"].append(time.perf_counter() - t0)
+        valid["list"].append(statistics.mean(p["parse"].ok and p["parse"].complete for p in props))
+        t0 = time.perf_counter(); ok = vs_samples(srv, reqs, 5, 48); times["samples"].append(time.perf_counter() - t0)
+        valid["samples"].append(ok)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    print(f"Part 2: the persuadee's turn of {a.episodes} episodes at once, medians of {a.repeats}")
+    for k in times:
+        print(f"  {k:<8} {med[k]:6.2f} s per turn batch  {med[k] / med['plain']:5.2f}x plain  "
+              f"valid {statistics.mean(valid[k]):.0%}")
+    return {k: med[k] / med["plain"] for k in ("list", "samples")}, {k: statistics.mean(v) for k, v in valid.items()}
+
+
+def part3(srv, a):
+    from scope_nb.study.sessions import make_study_env
+    from scope_nb.study.sessions import stream_chat
+    from scope_nb.study.store import Endpoint
+
+    ep = Endpoint(base_url=srv.base_url, model=srv.model_name, max_tokens=128)
+    tau, p4g = make_study_env("tau2-retail", 10), make_study_env("p4g", 10)
+    st = tau.reset(tau.tasks("test")[0])
+    pst = p4g.reset(sorted(p4g.tasks("train"), key=lambda t: t.id)[0])
+
+    async def reply(env, state):
+        t0, first = time.perf_counter(), None
+        async for ev in stream_chat(ep, state.conversation.view("agent"), env.tools(state, "agent")):
+            if ev[0] == "delta" and first is None:
+                first = time.perf_counter() - t0
+            if ev[0] == "final":
+                env.apply(state, "agent", ev[1] or "(tool call)")
+        return time.perf_counter() - t0, first
+
+    async def both(user_text, p4g_text):
+        tau.apply(st, "user", user_text)
+        if pst.next == "user":
+            p4g.apply(pst, "user", p4g_text)
+        (t, f), _ = await asyncio.gather(reply(tau, st), reply(p4g, pst))
+        return t, f
+
+    cold = asyncio.run(both("Hi, I want to return a pair of shoes I bought last week.", "Hi, who are you?"))
+    while st.next == "agent":  # tool-call turns: let the agent finish before the customer speaks again
+        asyncio.run(reply(tau, st))
+    warm = asyncio.run(both("My order number is #W2378156 and my email is yusuf.rossi@example.com.",
+                            "I am not sure I can afford it."))
+    print("Part 3: a τ² retail study reply with a P4G session on the same server (agent: SmolLM2, <= 128 tokens)")
+    print(f"  cold (first reply, prompt processed): {cold[0]:5.1f} s (first token after {cold[1] or 0:.1f} s)")
+    print(f"  warm (next reply, prefix cached):     {warm[0]:5.1f} s (first token after {warm[1] or 0:.1f} s)")
+    return cold[0], warm[0]
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--episodes", type=int, default=8); ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=3); ap.add_argument("--parts", default="123")
+    ap.add_argument("--parallel", type=int, default=8); ap.add_argument("--model", default="smollm2")
+    a = ap.parse_args()
+    head = []
+    with LlamaServer(a.model, parallel=a.parallel) as srv:
+        if "1" in a.parts:
+            tok, eps = part1(srv, a)
+            head.append(f"batching {tok:.2f}x tokens/s ({eps:.2f}x episodes/s)")
+        if "2" in a.parts:
+            ratio, valid = part2(srv, a)
+            head.append(f"VS/plain turn list {ratio['list']:.2f}x (valid {valid['list']:.0%}), "
+                        f"samples {ratio['samples']:.2f}x (valid {valid['samples']:.0%})")
+        if "3" in a.parts:
+            cold, warm = part3(srv, a)
+            head.append(f"τ² study reply cold {cold:.1f} s, warm {warm:.1f} s")
+    print("headline: " + "; ".join(head))
+    sys.exit(0)
