@@ -134,9 +134,8 @@ def measure_shop(
     the pooled-population reference.
     `workers` threads each start their own llama.cpp servers (cores / workers CPU threads each), so two cores
     answer two calls at once;
-    they take jobs from one queue, costliest first, so they finish together; the servers keep a prompt cache
-    (`--cache`):
-    every intake prompt of a family shares its opening."""
+    they take jobs from one queue, costliest first, so they finish together; llama-server keeps a prompt cache per
+    slot: every intake prompt of a family shares its opening."""
     import queue, time
     from concurrent.futures import ThreadPoolExecutor
     from tqdm.auto import tqdm
@@ -154,7 +153,7 @@ def measure_shop(
     threads = llama_threads(workers)  # llama.cpp threads that outnumber the cores spin and slow every server
 
     def work(_):
-        with Servers(extra_args=("--cache", "True"), n_ctx=2048, n_threads=threads) as servers:
+        with Servers(n_ctx=2048, n_threads=threads) as servers:
             while True:
                 try:
                     f, m = todo.get_nowait()
