@@ -28,8 +28,40 @@ __all__ = ['STOP_TOKENS', 'tool_block', 'Tau2Env', 'Tau2Retail', 'Tau2Airline', 
 # %% ../nbs/12_tau2.ipynb #90158c71
 STOP_TOKENS = ("###STOP###", "###TRANSFER###", "###OUT-OF-SCOPE###")
 
+_LLM_UTILS = "tau2.utils.llm_utils"
+
+
+def _defer_tau2_llm():
+    """Keep tau2's LLM helpers (`tau2.utils.llm_utils`, which imports litellm: ~160 MB and ~1 s) unloaded until one of
+    them is called. tau2's agent, user-simulator, orchestrator and evaluator modules import `generate` / `get_cost`
+    from it when they are imported; scope_nb reads their prompts and runs the evaluator but calls neither (its
+    speakers are its own; retail and airline rewards need no LLM judge). A stand-in module answers those names by
+    importing the real module on first use."""
+    import importlib, sys, types
+
+    if _LLM_UTILS in sys.modules:
+        return
+    stub = types.ModuleType(_LLM_UTILS, "stand-in until first use (scope_nb.tau2._defer_tau2_llm)")
+
+    def real():
+        if sys.modules.get(_LLM_UTILS) is stub:
+            del sys.modules[_LLM_UTILS]
+        return importlib.import_module(_LLM_UTILS)
+
+    def other(name):  # any other public name: the real module's; dunder probes (tracebacks, pickling) stay cheap
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(real(), name)
+
+    stub.generate = lambda *a, **k: real().generate(*a, **k)
+    stub.get_cost = lambda *a, **k: real().get_cost(*a, **k)
+    stub.__getattr__ = other
+    sys.modules[_LLM_UTILS] = stub
+
+
 def _tau2(domain: str):
     "tau2's environment constructor, task loader and split loader for `domain`."
+    _defer_tau2_llm()
     try:
         if domain == "retail": from tau2.domains.retail import environment as m
         elif domain == "airline": from tau2.domains.airline import environment as m
