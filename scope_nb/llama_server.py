@@ -70,9 +70,10 @@ def build_llama_server(
     dest = Path(dest) if dest else Path(sys.prefix) / "bin" / "llama-server"
     if dest.is_file() and not force:
         return dest
-    tool = lambda name: next(  # the `server` extra's copy next to this interpreter first, then PATH
-        (str(p) for p in [Path(sys.prefix) / "bin" / name] if p.is_file()), shutil.which(name)
-    )
+    def tool(name):  # the `server` extra's copy next to this interpreter first, then PATH
+        here = Path(sys.prefix) / "bin" / name
+        return str(here) if here.is_file() else shutil.which(name)
+
     cmake, ninja = tool("cmake"), tool("ninja")
     if not cmake:
         raise RuntimeError("building llama-server needs CMake: pip install cmake ninja (the `server` extra), "
