@@ -1,6 +1,8 @@
 """The embedded simulator server (llama.cpp's llama-server serving SmolLM2 on this machine's cores), side by side.
+The model is served as the library serves it (`--quant auto`: the packaged Q4_1 file re-encoded as Q8_0, see
+`nbs/21_llama_server.ipynb`); `--quant none` serves the packaged file itself.
 
-    .venv/bin/python bench/bench_sim_server.py [--episodes 8] [--turns 4] [--repeats 3] [--parts 123]
+    .venv/bin/python bench/bench_sim_server.py [--episodes 8] [--turns 4] [--repeats 3] [--parts 1234] [--quant Q8_0]
 
 Part 1 (batching): `--episodes` P4G episodes (SmolLM2 persuader and persuadee, `--turns` messages each) sent one
 request at a time (concurrency 1) vs all at once (concurrency = episodes), alternating, no injected latency. The
@@ -11,11 +13,15 @@ Part 2 (Verbalized Sampling): the persuadee's first turn of the same episodes, a
 group: a plain reply (<= 48 tokens) vs VS with n = 5 candidates, asked two ways: one JSON answer listing the five
 (`list`, the library's `propose`, grammar-constrained) and five samples of a one-candidate JSON answer in one request
 (`samples`, `n = 5`, sharing the prompt). Per-turn time ratio to plain and the share of turns with five valid
-candidates.
+candidates. This part runs on its own server with a slot per stream (episodes x 5, 3072 tokens each), so `samples`
+is not queued behind 8 slots; the `list` answers use the format a `llama:` user spec asks for (JSON object with a
+schema that bounds each text, so five fit the token budget).
 
 Part 3 (the study): a τ² retail session's agent reply through the study's streaming call on a server that also
 serves a P4G session: the first reply (cold: the τ² prompt, ~4k tokens, is processed) and the next one (warm: the
 slot keeps the prefix), each while a P4G reply is generated alongside.
+
+Part 4 (fidelity of the served copy): greedy replies of the packaged file vs its F16 and Q8_0 copies.
 """
 import argparse, asyncio, json, statistics, sys, time, urllib.request
 
@@ -102,6 +108,7 @@ def part2(srv, a):
     env = P4GEnv(max_turns=a.turns)
     reqs = user_turns(env, a.episodes)
     plain_sp, vs_sp = speaker(srv, a.episodes, "user"), speaker(srv, a.episodes, "user")
+    vs_sp.vs_format = "json_object_schema"  # what a `llama:` user spec asks for (texts bounded to fit the budget)
     vs = VSConfig(n=5, attempts=1)
     times = {"plain": [], "list": [], "samples": []}
     valid = {"plain": [], "list": [], "samples": []}
@@ -158,23 +165,62 @@ def part3(srv, a):
     return cold[0], warm[0]
 
 
+def part4(a, n=16):
+    """Fidelity of re-encoded copies: greedy replies (temperature 0, one request at a time, no prompt cache) of the
+    packaged file and of its F16 and Q8_0 copies to the persuadee's first turn of n episodes. F16 holds the packaged
+    weights exactly up to f16 rounding, so its divergence is what different kernels alone cause."""
+    reqs = user_turns(P4GEnv(max_turns=a.turns), n)
+
+    def replies(quant):
+        with LlamaServer(a.model, parallel=1, n_ctx=4096, quant=quant) as srv:
+            return [post(srv, {"model": srv.model_name, "messages": r.messages, "max_tokens": 48, "temperature": 0,
+                               "cache_prompt": False})["choices"][0]["message"]["content"] for r in reqs]
+
+    def common(x, y):
+        k = 0
+        for u, v in zip(x.split(), y.split()):
+            if u != v:
+                break
+            k += 1
+        return k
+
+    base = replies(None)
+    words = statistics.mean(len(b.split()) for b in base)
+    print(f"Part 4: greedy replies to {n} persuadee turns (<= 48 tokens, mean {words:.1f} words) of the packaged file "
+          "vs its copies")
+    out = {}
+    for q in ("F16", "Q8_0"):
+        got = replies(q)
+        out[q] = statistics.mean(common(x, y) for x, y in zip(base, got))
+        print(f"  {q:<5} identical {sum(x == y for x, y in zip(base, got))}/{n}, words in common before the first "
+              f"difference: mean {out[q]:.1f}")
+    return out
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--episodes", type=int, default=8); ap.add_argument("--turns", type=int, default=4)
-    ap.add_argument("--repeats", type=int, default=3); ap.add_argument("--parts", default="123")
+    ap.add_argument("--repeats", type=int, default=3); ap.add_argument("--parts", default="1234")
     ap.add_argument("--parallel", type=int, default=8); ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--quant", default="auto", help="GGUF type to serve the model as: auto (the library's), none, Q8_0")
     a = ap.parse_args()
     head = []
-    with LlamaServer(a.model, parallel=a.parallel) as srv:
+    quant = {"auto": "auto", "none": None}.get(a.quant, a.quant)
+    with LlamaServer(a.model, parallel=a.parallel, quant=quant) as srv:
+        print(f"model file served: {srv.served.name}")
         if "1" in a.parts:
             tok, eps = part1(srv, a)
             head.append(f"batching {tok:.2f}x tokens/s ({eps:.2f}x episodes/s)")
-        if "2" in a.parts:
-            ratio, valid = part2(srv, a)
-            head.append(f"VS/plain turn list {ratio['list']:.2f}x (valid {valid['list']:.0%}), "
-                        f"samples {ratio['samples']:.2f}x (valid {valid['samples']:.0%})")
         if "3" in a.parts:
             cold, warm = part3(srv, a)
             head.append(f"τ² study reply cold {cold:.1f} s, warm {warm:.1f} s")
+    if "2" in a.parts:  # a slot per stream: `samples` decodes episodes x 5 streams at once
+        with LlamaServer(a.model, parallel=5 * a.episodes, n_ctx=3072, quant=quant) as srv:
+            ratio, valid = part2(srv, a)
+        head.insert(1 if "1" in a.parts else 0, f"VS/plain turn list {ratio['list']:.2f}x (valid {valid['list']:.0%}), "
+                    f"samples {ratio['samples']:.2f}x (valid {valid['samples']:.0%})")
+    if "4" in a.parts:
+        fid = part4(a)
+        head.append(f"greedy agreement with the packaged file: F16 {fid['F16']:.1f} words, Q8_0 {fid['Q8_0']:.1f}")
     print("headline: " + "; ".join(head))
     sys.exit(0)

@@ -10,8 +10,8 @@ from .core import free_port
 from .models import PACKAGED_MODELS, model_path
 
 # %% auto #0
-__all__ = ['LLAMA_CPP_PYTHON', 'LLAMA_CMAKE', 'llama_server_binary', 'build_llama_server', 'llama_threads', 'llama_cpp_available',
-           'LlamaServer']
+__all__ = ['LLAMA_CPP_PYTHON', 'LLAMA_CMAKE', 'SERVE_AS', 'llama_server_binary', 'build_llama_server', 'llama_threads',
+           'llama_cpp_available', 'LlamaServer', 'llama_quantize_binary', 'served_gguf']
 
 # %% ../nbs/21_llama_server.ipynb #124f3579
 LLAMA_CPP_PYTHON = "0.3.36"  # the llama-cpp-python sdist whose vendored llama.cpp sources are built
@@ -61,10 +61,10 @@ def build_llama_server(
     force: bool = False,
     quiet: bool = False,
 ) -> Path:
-    """Build llama.cpp's own `llama-server` from the sources vendored in the llama-cpp-python `version` sdist
-    (fetched with pip, so pip's index settings apply) with CMake, and install it at `dest` (default: next to this
-    interpreter). Needs a C++ compiler and CMake (the `server` extra brings CMake and Ninja). Skips the build when
-    `dest` exists, unless `force`. Returns the path."""
+    """Build llama.cpp's own `llama-server` (and `llama-quantize`) from the sources vendored in the llama-cpp-python
+    `version` sdist (fetched with pip, so pip's index settings apply) with CMake, and install them at `dest` (default:
+    next to this interpreter). Needs a C++ compiler and CMake (the `server` extra brings CMake and Ninja). Skips the
+    build when `dest` exists, unless `force`. Returns the path."""
     import shutil, tarfile
 
     dest = Path(dest) if dest else Path(sys.prefix) / "bin" / "llama-server"
@@ -95,13 +95,15 @@ def build_llama_server(
         gen = ["-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={ninja}"] if ninja else []
         say(f"llama-server: compiling ({jobs or os.cpu_count()} jobs, several minutes; log {log})")
         _run([cmake, "-S", str(src), "-B", str(build), *gen, *_LLAMA_ONLY_SERVER, *cmake_args], log, "cmake configure")
-        _run([cmake, "--build", str(build), "--target", "llama-server", "-j", str(jobs or os.cpu_count() or 2)],
-             log, "cmake build")
+        _run([cmake, "--build", str(build), "--target", "llama-server", "llama-quantize",
+              "-j", str(jobs or os.cpu_count() or 2)], log, "cmake build")
         dest.parent.mkdir(parents=True, exist_ok=True)
-        part = dest.with_name(dest.name + ".part")
-        shutil.copy2(build / "bin" / "llama-server", part)
-        part.chmod(0o755)
-        os.replace(part, dest)  # a killed build never leaves a half-copied binary at dest
+        # llama-quantize (re-encodes a GGUF, see `served_gguf`) next to the server; the server last
+        for name, to in (("llama-quantize", dest.with_name("llama-quantize")), ("llama-server", dest)):
+            part = to.with_name(to.name + ".part")
+            shutil.copy2(build / "bin" / name, part)
+            part.chmod(0o755)
+            os.replace(part, to)  # a killed build never leaves a half-copied binary behind
     say(f"llama-server: built {dest} in {time.time() - t0:.0f} s")
     return dest
 
@@ -123,7 +125,8 @@ _NO_SERVER = ("no llama-server executable: build it with `scope llama-server bui
 
 class LlamaServer:
     """llama.cpp's `llama-server` for a packaged model or GGUF path on a free loopback port: `parallel` slots decoded
-    together (continuous batching), each keeping its own prompt cache, in one KV cache of `n_ctx` tokens per slot."""
+    together (continuous batching), each keeping its own prompt cache, in one KV cache of `n_ctx` tokens per slot;
+    a packaged model's weights are served as `quant` (default: `SERVE_AS`), see `served_gguf`."""
 
     def __init__(
         self,
@@ -134,8 +137,12 @@ class LlamaServer:
         parallel: int = 8,
         extra_args: tuple[str, ...] = (),
         log_path: str | os.PathLike | None = None,
+        quant: str | None = "auto",
     ):
         self.model = model
+        # "auto": a packaged model as SERVE_AS says, a path as it is
+        self.quant = (SERVE_AS.get(model) if model in PACKAGED_MODELS else None) if quant == "auto" else quant
+        self.served: Path | None = None  # the file loaded, set by start()
         self.gguf = model_path(model) if model in PACKAGED_MODELS else Path(model)
         if not self.gguf.exists():
             raise FileNotFoundError(
@@ -168,7 +175,7 @@ class LlamaServer:
         if exe is None:
             raise RuntimeError(_NO_SERVER)
         return [
-            str(exe), "--model", str(self.gguf), "--alias", self.model_name, "--host", "127.0.0.1",
+            str(exe), "--model", str(self.served or self.gguf), "--alias", self.model_name, "--host", "127.0.0.1",
             "--port", str(self.port or 0),
             # one KV cache shared by the slots, room for every slot's full context at once
             "--ctx-size", str(self.n_ctx * self.parallel), "--kv-unified", "--parallel", str(self.parallel),
@@ -180,6 +187,7 @@ class LlamaServer:
     def start(self, timeout: float = 180.0) -> "LlamaServer":
         "Start the server and wait until `/health` answers; raises with the log tail if it dies or times out."
         self.port = self.port or free_port()
+        self.served = served_gguf(self.gguf, self.quant)
         cmd = self.command()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "wb")
@@ -236,3 +244,58 @@ class LlamaServer:
 
     def __exit__(self, *exc):
         self.stop()
+
+# %% ../nbs/21_llama_server.ipynb #6768198f
+SERVE_AS = {"smollm2": "Q8_0"}  # packaged model -> the GGUF type a server serves it as (see the table above)
+
+
+def llama_quantize_binary() -> Path | None:
+    "`llama-quantize`: `SCOPE_LLAMA_QUANTIZE`, else next to this interpreter or to `llama_server_binary()`, else PATH."
+    import shutil
+
+    env = os.environ.get("SCOPE_LLAMA_QUANTIZE")
+    if env:
+        return Path(env) if Path(env).is_file() else None
+    server = llama_server_binary()
+    for d in (Path(sys.prefix) / "bin", server.parent if server else None):
+        if d is not None and (d / "llama-quantize").is_file():
+            return d / "llama-quantize"
+    found = shutil.which("llama-quantize")
+    return Path(found) if found else None
+
+
+def served_gguf(src: str | os.PathLike, quant: str | None) -> Path:
+    """The GGUF a server loads for `src` re-encoded as `quant` (e.g. "Q8_0"): a copy in the model cache, written once
+    by `llama-quantize` (atomically, so concurrent starts are safe); `src` itself when `quant` is None or there is
+    no `llama-quantize` (then with a warning)."""
+    import re, warnings
+    from scope_nb.models import cache_dir
+
+    src = Path(src)
+    if not quant:
+        return src
+    if not re.fullmatch(r"[A-Za-z0-9_]+", quant):
+        raise ValueError(f"quant = {quant!r}: a GGUF type name such as Q8_0, F16 or BF16, or None for the file as is")
+    out = cache_dir() / "gguf" / f"{src.stem}.{src.stat().st_size}.{quant.upper()}.gguf"
+    if out.is_file():
+        return out
+    exe = llama_quantize_binary()
+    if exe is None:
+        warnings.warn(f"no llama-quantize: serving {src.name} as it is, not as {quant}; "
+                      "`scope llama-server build --force` builds it next to llama-server")
+        return src
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, part = tempfile.mkstemp(dir=out.parent, prefix=out.name, suffix=".part")
+    os.close(fd)
+    try:
+        r = subprocess.run([str(exe), "--allow-requantize", str(src), part, quant.upper()], capture_output=True,
+                           text=True, stdin=subprocess.DEVNULL)
+        if r.returncode:
+            raise RuntimeError(f"llama-quantize {src.name} -> {quant} failed (exit code {r.returncode}):\n"
+                               f"{(r.stdout + r.stderr)[-2000:]}")
+        os.chmod(part, 0o644)
+        os.replace(part, out)
+    finally:
+        if os.path.exists(part):
+            os.unlink(part)
+    return out
