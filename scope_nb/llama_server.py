@@ -27,25 +27,30 @@ _LLAMA_ONLY_SERVER = (
 )
 
 
+def _executable(name: str, env: str | None = None, also: tuple[Path, ...] = ()) -> Path | None:
+    """An executable `name`: the path in environment variable `env` if set (None if that is not a file), else the one
+    next to this interpreter, else in the folders `also`, else on PATH; None if there is none."""
+    import shutil
+
+    if env and os.environ.get(env):
+        return Path(os.environ[env]) if Path(os.environ[env]).is_file() else None
+    for d in (Path(sys.prefix) / "bin", *also):
+        if (d / name).is_file():
+            return d / name
+    found = shutil.which(name)
+    return Path(found) if found else None
+
+
 def llama_server_binary() -> Path | None:
     """The `llama-server` executable: `SCOPE_LLAMA_SERVER` if set, else the one `build_llama_server` put next to this
     interpreter (`make venv` does), else one on PATH; None if there is none."""
-    import shutil
-
-    env = os.environ.get("SCOPE_LLAMA_SERVER")
-    if env:
-        return Path(env) if Path(env).is_file() else None
-    here = Path(sys.prefix) / "bin" / "llama-server"
-    if here.is_file():
-        return here
-    found = shutil.which("llama-server")
-    return Path(found) if found else None
+    return _executable("llama-server", "SCOPE_LLAMA_SERVER")
 
 
 def _run(cmd: list[str], log: Path, what: str):
     "Run one build command, its output appended to `log`; on failure raise with the log's tail."
     with open(log, "ab") as f:
-        f.write(f"$ {' '.join(cmd)}\n".encode())
+        f.write(f"$ {' '.join(map(str, cmd))}\n".encode())
         f.flush()
         rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     if rc:
@@ -70,11 +75,7 @@ def build_llama_server(
     dest = Path(dest) if dest else Path(sys.prefix) / "bin" / "llama-server"
     if dest.is_file() and not force:
         return dest
-    def tool(name):  # the `server` extra's copy next to this interpreter first, then PATH
-        here = Path(sys.prefix) / "bin" / name
-        return str(here) if here.is_file() else shutil.which(name)
-
-    cmake, ninja = tool("cmake"), tool("ninja")
+    cmake, ninja = _executable("cmake"), _executable("ninja")  # the `server` extra's copies first, then PATH
     if not cmake:
         raise RuntimeError("building llama-server needs CMake: pip install cmake ninja (the `server` extra), "
                            "or your system's cmake package")
@@ -251,17 +252,8 @@ SERVE_AS = {"smollm2": "Q8_0"}  # packaged model -> the GGUF type a server serve
 
 def llama_quantize_binary() -> Path | None:
     "`llama-quantize`: `SCOPE_LLAMA_QUANTIZE`, else next to this interpreter or to `llama_server_binary()`, else PATH."
-    import shutil
-
-    env = os.environ.get("SCOPE_LLAMA_QUANTIZE")
-    if env:
-        return Path(env) if Path(env).is_file() else None
     server = llama_server_binary()
-    for d in (Path(sys.prefix) / "bin", server.parent if server else None):
-        if d is not None and (d / "llama-quantize").is_file():
-            return d / "llama-quantize"
-    found = shutil.which("llama-quantize")
-    return Path(found) if found else None
+    return _executable("llama-quantize", "SCOPE_LLAMA_QUANTIZE", (server.parent,) if server else ())
 
 
 def served_gguf(src: str | os.PathLike, quant: str | None) -> Path:
