@@ -11,7 +11,7 @@ from .models import PACKAGED_MODELS, model_path
 
 # %% auto #0
 __all__ = ['LLAMA_CPP_PYTHON', 'LLAMA_CMAKE', 'SERVE_AS', 'llama_server_binary', 'build_llama_server', 'llama_threads',
-           'llama_cpp_available', 'LlamaServer', 'llama_quantize_binary', 'served_gguf']
+           'llama_server_available', 'LlamaServer', 'llama_quantize_binary', 'served_gguf']
 
 # %% ../nbs/21_llama_server.ipynb #124f3579
 LLAMA_CPP_PYTHON = "0.3.36"  # the llama-cpp-python sdist whose vendored llama.cpp sources are built
@@ -115,7 +115,7 @@ def llama_threads(parallel: int = 1) -> int:
     return int(os.environ.get("SCOPE_LLAMA_THREADS") or 0) or max(1, (os.cpu_count() or 2) // max(1, parallel))
 
 
-def llama_cpp_available() -> bool:
+def llama_server_available() -> bool:
     "Whether a `llama-server` executable is there (`make venv` builds it; see `build_llama_server`)."
     return llama_server_binary() is not None
 

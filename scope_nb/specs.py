@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal
 from pydantic import Field, field_validator
 from .core import echo_user, ScriptedSpeaker, Settings, Speaker
-from .llama_server import llama_cpp_available
+from .llama_server import llama_server_available
 from .models import PACKAGED_MODELS, hub_message, hub_offline, hub_snapshot, is_hub_id, load_causal_lm
 from .models import model_installed
 from .sim_modes import CheckpointPool, PersonaGuided, PoolSpeaker, Rotation, Servers, load_personas
@@ -252,7 +252,7 @@ def _shop_chat(spec) -> bool:
 
 
 def _check_llama(spec, vocab, role):
-    if not llama_cpp_available():
+    if not llama_server_available():
         raise ValueError("needs llama.cpp's llama-server: `scope llama-server build` (make venv does it)")
     _check_local(spec.split(":", 1)[1], None, "user")
 
