@@ -3,10 +3,11 @@ The model is served as the library serves it (`--quant auto`: the packaged Q4_1 
 `nbs/21_llama_server.ipynb`); `--quant none` serves the packaged file itself.
 
     .venv/bin/python bench/bench_sim_server.py [--episodes 8] [--turns 4] [--repeats 3] [--parts 1234] [--quant Q8_0]
+        [--parallel 8] [--server-args='-ctk q8_0 -ctv q8_0']
 
-Part 1 (batching): `--episodes` P4G episodes (SmolLM2 persuader and persuadee, `--turns` messages each) sent one
-request at a time (concurrency 1) vs all at once (concurrency = episodes), alternating, no injected latency. The
-server decodes concurrent requests in one batch, so the concurrent run overlaps compute, not just waiting.
+Part 1 (batching): `--episodes` P4G episodes (SmolLM2 persuader and persuadee, `--turns` turns each) sent one request
+at a time (concurrency 1) vs all at once (concurrency = episodes), alternating, no injected latency. The server
+decodes concurrent requests in one batch, so the concurrent run overlaps compute, not just waiting.
 Throughput = completion tokens per second (sampled replies differ in length between runs) and episodes per second.
 
 Part 2 (Verbalized Sampling): the persuadee's first turn of the same episodes, plain (<= 48 tokens) vs VS with
@@ -73,7 +74,7 @@ def part1(srv, a):
     tps = lambda runs: statistics.median(r[1] / r[0] for r in runs)
     eps = lambda runs: statistics.median(a.episodes / r[0] for r in runs)
     med = lambda runs, k: statistics.median(r[3][k] for r in runs)
-    print(f"Part 1: {a.episodes} P4G episodes ({a.turns} messages), SmolLM2 on llama-server "
+    print(f"Part 1: {a.episodes} P4G episodes ({a.turns} turns a side), SmolLM2 on llama-server "
           f"({srv.parallel} slots, {srv.n_threads or 'all'} threads), medians of {a.repeats}")
     for name, runs in (("one at a time", seq), (f"{a.episodes} at once", conc)):
         print(f"  {name:<14} {statistics.median(r[0] for r in runs):6.1f} s  {eps(runs):5.3f} episodes/s  "
@@ -253,10 +254,13 @@ if __name__ == "__main__":
     ap.add_argument("--repeats", type=int, default=3); ap.add_argument("--parts", default="1234")
     ap.add_argument("--parallel", type=int, default=8); ap.add_argument("--model", default="smollm2")
     ap.add_argument("--quant", default="auto", help="GGUF type to serve the model as: auto (the library's), none, Q8_0")
+    ap.add_argument("--server-args", default="",
+                    help="more llama-server flags for parts 1 and 3, given with =, e.g. --server-args='--poll 0'")
     a = ap.parse_args()
     head = []
     quant = {"auto": "auto", "none": None}.get(a.quant, a.quant)
-    with LlamaServer(a.model, parallel=a.parallel, quant=quant, extra_args=("--metrics",)) as srv:
+    extra = ("--metrics", *a.server_args.split())
+    with LlamaServer(a.model, parallel=a.parallel, quant=quant, extra_args=extra) as srv:
         print(f"model file served: {srv.served.name}")
         if "1" in a.parts:
             tok, eps = part1(srv, a)
