@@ -4,7 +4,7 @@
 
 # %% ../nbs/20_simulators.ipynb #ca3f63ff
 from __future__ import annotations
-import asyncio, email.utils, json, os, random, threading, time, zlib
+import asyncio, email.utils, json, os, random, time, zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -106,9 +106,6 @@ class CallResult:
         }
 
 
-_STATS_LOCK = threading.Lock()
-
-
 class ApiSpeaker(Speaker):
     "A frozen model behind an OpenAI-compatible endpoint; concurrent calls, bounded retries, per-call accounting."
 
@@ -151,7 +148,7 @@ class ApiSpeaker(Speaker):
     def _client(self):
         from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
-        # plain http (a local server): skip loading the CA bundle, which costs ~20 ms of CPU per client
+        # plain http (a local server) uses no TLS: skip loading the CA bundle, the bulk of a client's start-up CPU
         http = DefaultAsyncHttpxClient(verify=False) if self.cfg.base_url.startswith("http://") else None
         return AsyncOpenAI(
             base_url=self.cfg.base_url, api_key=self._key(), timeout=self.cfg.timeout, max_retries=0, http_client=http
@@ -211,11 +208,6 @@ class ApiSpeaker(Speaker):
             c = self.cfg
             await asyncio.sleep(retry_delay(attempt, wait, self._jitter, c.backoff, c.max_backoff, c.max_retry_after))
         res.latency = time.perf_counter() - t0
-        with _STATS_LOCK:  # one speaker may be called from several threads (the study app, rollouts' API threads)
-            self._count(res)
-        return res
-
-    def _count(self, res: CallResult):
         s = self.stats
         s["calls"] += 1
         s["attempts"] += res.attempts
@@ -226,6 +218,7 @@ class ApiSpeaker(Speaker):
         s["latency"] += res.latency
         for k in res.errors:
             s["errors"][k] = s["errors"].get(k, 0) + 1
+        return res
 
     async def _many(self, jobs) -> list[CallResult]:
         """Run (messages, temperature, max_tokens, response_format, tools[, seed]) jobs concurrently under the
