@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# GPU device check (one GPU, PyTorch + transformers only; < 8 minutes): GRPO steps of the torch backend in bf16 on a
-# randomly initialised Qwen3-0.6B-sized model, generation and training tokens/s, peak memory; a megatron-core
-# forward/backward with the converted weights if megatron-core is installed. Extra arguments go to device_check.py.
+# GPU device check (one GPU, < 8 minutes), one PASS/FAIL/SKIP line per part: versions; bf16 GRPO steps (tokens/s,
+# peak memory); a 1-rank NCCL FSDPTrainer step; megatron-core vs transformers and a MegatronTrainer step; an SGLang
+# server (generate with logprobs, engine-trainer gap, weight update from disk, release/resume). megatron and sglang
+# parts are skipped when not installed. A part cut by the time limit is named. Extra arguments go to device_check.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"

@@ -216,13 +216,16 @@ MAX_TURNS = {"p4g": 10, "tau2-retail": 30, "tau2-airline": 30, "cooperbench": 50
 
 
 def gpu_base(env: str, agent: str = "Qwen/Qwen3-4B-Instruct-2507") -> dict:
-    "The paper's settings (Table 6) for `env`: 16 prompts × 8 samples, lr 1e-6, KL 0.005, 250 steps, eval every 16."
+    """The paper's settings (Table 6) for `env`: 16 prompts × 8 samples, lr 1e-6, KL 0.005, 250 steps, eval every 16;
+    bfloat16 compute with float32 master weights (the paper does not say; at lr 1e-6 bfloat16 weights barely
+    move)."""
     return {
         "run": dict(steps=250),
         "env": dict(name=env, max_turns=MAX_TURNS[env]),
         "agent": dict(model=agent, train=True, temperature=0.7, max_new_tokens=1024),
         "user": dict(model="api:openai/gpt-5-mini", temperature=0.7, max_new_tokens=512, **ROUTER),
-        "grpo": dict(lr=1e-6, batch_tasks=16, group_size=8, kl_coef=0.005, clip_low=0.2, clip_high=0.28, micro_batch=4),
+        "grpo": dict(lr=1e-6, batch_tasks=16, group_size=8, kl_coef=0.005, clip_low=0.2, clip_high=0.28, micro_batch=4,
+                     mixed_precision="bf16"),  # bf16 compute, float32 master weights (32_grpo)
         "eval": dict(every=16, tasks=8, samples=4, agent_temperature=0.7, panel=PAPER_PANEL),
         "checkpoint": dict(every=16, keep=3),
     }

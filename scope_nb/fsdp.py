@@ -4,20 +4,28 @@
 
 # %% ../nbs/60_fsdp.ipynb #9af8a9dc
 from __future__ import annotations
-import copy, os
+import contextlib, copy, os
 import torch
 import torch.distributed as dist
 from .grpo import GRPOConfig, GRPOTrainer, enable_checkpointing
 from .training import LocalPolicy
 
 # %% auto #0
-__all__ = ['init_local_group', 'decoder_layers', 'FSDPTrainer']
+__all__ = ['init_local_group', 'group_device', 'decoder_layers', 'FSDPTrainer']
 
 # %% ../nbs/60_fsdp.ipynb #9c4f30e5
 def init_local_group(rank: int, world: int, port: int, backend: str = "gloo") -> None:
     "Join a process group on 127.0.0.1:`port` (every rank calls this with the same port)."
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group(backend, rank=rank, world_size=world)
+
+def group_device(group=None) -> torch.device:
+    """The device a collective of `group` (default: the default group) runs on: this process's CUDA device under
+    NCCL, the CPU under gloo. NCCL refuses CPU tensors ("No backend type associated with device type cpu"), so
+    every tensor the trainers reduce or gather is put here first."""
+    if "nccl" in str(dist.get_backend(group)) and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 def decoder_layers(model) -> list[torch.nn.Module]:
     "The repeated transformer blocks of a causal LM (the first ModuleList named `layers` or `h`)."
@@ -29,35 +37,45 @@ def decoder_layers(model) -> list[torch.nn.Module]:
 class FSDPTrainer(GRPOTrainer):
     "GRPO on a policy sharded with FSDP2 over the default process group; `step` is GRPOTrainer's."
     def __init__(self, policy: LocalPolicy, cfg: GRPOConfig, temperature: float = 1.0):
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         if not dist.is_initialized():
             raise RuntimeError(
                 "FSDPTrainer needs torch.distributed initialised first (e.g. init_local_group(rank, world, port))"
             )
-        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.rank, self.world, self.comm = dist.get_rank(), dist.get_world_size(), group_device()
         self.policy, self.cfg, self.temperature = policy, cfg, temperature
         self.model = policy.model
         if cfg.train_only:
             raise ValueError(
                 "grpo.train_only: only the single-process trainer (--trainer torch) trains a subset of parameters"
             )
-        self.ref = copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None  # replicated
+        self.ref = copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
         if cfg.gradient_checkpointing:
             enable_checkpointing(self.model, False)  # checked here; GRPOTrainer.step switches it on for each update
-        for layer in decoder_layers(self.model):
-            fully_shard(layer)
-        fully_shard(self.model)
+        # bf16: layers gathered and computed in bfloat16, the sharded float32 parameters are the master weights and
+        # gradients are reduced in float32
+        mp = MixedPrecisionPolicy(torch.bfloat16, torch.float32) if cfg.mixed_precision == "bf16" else None
+        for m in (self.model, self.ref) if self.ref is not None else (self.model,):  # the KL reference is sharded too
+            for layer in decoder_layers(m):
+                fully_shard(layer, **({"mp_policy": mp} if mp else {}))
+            fully_shard(m, **({"mp_policy": mp} if mp else {}))
         self.opt = self._optimizer()
 
     def _local(self, items):
         return items[self.rank :: self.world]
+
+    def _n_micro(self, n: int) -> int:
+        return -(-(-(-n // self.world)) // self.cfg.micro_batch)  # rank 0's share is the largest: ceil(n / world)
+
+    def _autocast(self):
+        return contextlib.nullcontext()  # FSDP2's MixedPrecisionPolicy casts the gathered layers itself
 
     def _loss_scale(self):
         return float(self.world)  # FSDP2 averages over ranks; the loss is already a global mean
 
     def _sum(self, stats):
         keys = sorted(stats)
-        t = torch.tensor([stats[k] for k in keys], dtype=torch.float64)
+        t = torch.tensor([stats[k] for k in keys], dtype=torch.float64, device=self.comm)
         dist.all_reduce(t)
         return dict(zip(keys, t.tolist()))
 

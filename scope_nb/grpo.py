@@ -4,7 +4,7 @@
 
 # %% ../nbs/32_grpo.ipynb #c086bc29
 from __future__ import annotations
-import copy
+import contextlib, copy
 from typing import Literal
 import numpy as np
 import torch
@@ -82,6 +82,12 @@ class GRPOConfig(Settings):
     train_only: list[str] = Field(
         default_factory=list, description="parameter-name prefixes to train (empty: all), e.g. ['lm_head']"
     )
+    mixed_precision: Literal["none", "bf16"] = Field(
+        "none",
+        description="bf16: forward and backward in bfloat16 while the weights, gradients and AdamW state stay float32 "
+        "(master weights; fsdp: FSDP2's MixedPrecisionPolicy, torch: autocast); none: all float32. With lr 1e-6 "
+        "bfloat16 weights could not move at all (its step is 2^-8 of a weight)",
+    )
     gradient_checkpointing: bool = Field(
         False,
         description="recompute each layer's activations in the backward pass: less activation memory, more compute, "
@@ -157,10 +163,23 @@ class GRPOTrainer:
             raise ValueError(f"optimizer {cfg.optimizer!r}: use 'adamw' or 'sgd'")
         return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
 
-    # parallel backends (60_fsdp, 62_megatron_train) override these: which items this process computes, how much each
-    # process's loss counts, how per-process statistics are summed, how a model scores tokens, how gradients are clipped
+    # parallel backends (60_fsdp, 62_megatron_train) override these: which items this process computes, how many
+    # micro-batches every process runs, how much each process's loss counts, how per-process statistics are summed, how
+    # a model scores tokens, how gradients are clipped
     def _local(self, items: list) -> list:
         return items
+
+    def _n_micro(self, n: int) -> int:
+        "Micro-batches every process runs for a minibatch of `n` items (the same on every rank of a group)."
+        return -(-n // self.cfg.micro_batch)
+
+    def _micro_batches(self, mb: list) -> list[tuple[list, float]]:
+        """This process's micro-batches of minibatch `mb`, each with its weight: 1 for its own items, 0 for the
+        stand-in passes that fill up to `_n_micro` (a rank with fewer items, or none, still takes part in every
+        collective of a sharded forward and backward, so no rank waits for one that never comes)."""
+        local, m = self._local(mb), self.cfg.micro_batch
+        own = [(local[k : k + m], 1.0) for k in range(0, len(local), m)]
+        return own + [(mb[:1], 0.0)] * (self._n_micro(len(mb)) - len(own))
 
     def _loss_scale(self) -> float:
         return 1.0
@@ -169,7 +188,16 @@ class GRPOTrainer:
         return stats
 
     def _logprobs(self, model, seqs, with_entropy: bool = True, start: int = 1):
-        return token_logprobs(model, seqs, self.temperature, self.policy.pad_id, with_entropy=with_entropy, start=start)
+        with self._autocast():
+            pad = self.policy.pad_id
+            return token_logprobs(model, seqs, self.temperature, pad, with_entropy=with_entropy, start=start)
+
+    def _autocast(self):
+        "bfloat16 compute for `mixed_precision = 'bf16'` (the parameters stay float32: the optimizer's master copy)."
+        if self.cfg.mixed_precision != "bf16":
+            return contextlib.nullcontext()
+        dev = next(self.model.parameters()).device.type
+        return torch.autocast(dev, dtype=torch.bfloat16)
 
     def _clip_grads(self) -> float:
         return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip))
@@ -187,9 +215,9 @@ class GRPOTrainer:
     def load_opt_state_dict(self, sd: dict) -> None:
         self.opt.load_state_dict(sd)
 
-    def _micro_loss(self, micro, n_tok: int, stats: dict) -> torch.Tensor:
+    def _micro_loss(self, micro, n_tok: int, stats: dict, weight: float = 1.0) -> torch.Tensor:
         """Token-level clipped surrogate + entropy bonus + k3 KL of one micro-batch, normalised by the minibatch's
-        tokens."""
+        tokens; `weight` 0 makes a stand-in pass that adds nothing to the loss, the gradients or `stats`."""
         cfg = self.cfg
         seqs = [t.token_ids for t, _ in micro]
         start = first_scored([t.loss_mask for t, _ in micro])  # nothing before the first own token enters the loss
@@ -199,7 +227,7 @@ class GRPOTrainer:
         def pad_to(xs, v):
             return torch.tensor([x + [v] * (L - len(x)) for x in xs], dtype=torch.float32, device=lp.device)
 
-        mask = pad_to([t.loss_mask for t, _ in micro], 0)
+        mask = pad_to([t.loss_mask for t, _ in micro], 0) * weight
         old = pad_to([t.logprobs for t, _ in micro], 0.0)
         adv = torch.tensor([a for _, a in micro], dtype=torch.float32, device=lp.device)[:, None].expand(-1, L)
         surr, clipped = clipped_surrogate(lp, old, adv, cfg.clip_low, cfg.clip_high)
@@ -243,10 +271,9 @@ class GRPOTrainer:
         sums = dict(loss=0.0, kl=0.0, clipfrac=0.0, entropy=0.0)
         for mb in minibatches:
             n_tok = sum(t.n_generated for t, _ in mb)  # every process sees every item, so this is the global count
-            local = self._local(mb)
             self.opt.zero_grad(set_to_none=True)
-            for k in range(0, len(local), cfg.micro_batch):
-                loss = self._micro_loss(local[k : k + cfg.micro_batch], n_tok, sums)
+            for micro, weight in self._micro_batches(mb):
+                loss = self._micro_loss(micro, n_tok, sums, weight)
                 (loss * self._loss_scale()).backward()
                 sums["loss"] += float(loss.detach()) / n_upd
             stats["grad_norm"] += self._clip_grads() / n_upd

@@ -13,9 +13,83 @@ from .experiments import EXPERIMENTS, experiment_dicts, get_experiment
 from .specs import kind_of, UserSettings
 
 # %% auto #0
-__all__ = ['GPUS_PER_NODE', 'LAYOUTS', 'Group', 'LaunchPlan', 'plan_launch', 'sglang_layout', 'layout_files', 'visible_gpus',
+__all__ = ['GPU_MEMORY_GB', 'ENGINE_MEM_FRACTION', 'GPUS_PER_NODE', 'LAYOUTS', 'stack_versions', 'nominal_params', 'write_speed',
+           'memory_estimate', 'Group', 'LaunchPlan', 'plan_launch', 'sglang_layout', 'layout_files', 'visible_gpus',
            'port_free', 'preflight', 'start_recorded', 'stop_recorded', 'launcher_scripts', 'write_launchers',
            'run_plan', 'launch']
+
+# %% ../nbs/65_launch.ipynb #5e456668
+GPU_MEMORY_GB = 80.0  # one H100/A100-80GB; `memory_estimate(plan, gpu_gb=...)` for others
+ENGINE_MEM_FRACTION = 0.5  # --mem-fraction-static of every engine the launcher starts
+
+def _installed(dist: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return "not installed"
+
+def stack_versions() -> list[str]:
+    "The gpu extra's pins and the installed driver, CUDA, NCCL, torch, sglang, megatron-core and apex."
+    from importlib.metadata import requires
+    pins = [r.split(";")[0].strip() for r in (requires("scope_nb") or []) if 'extra == "gpu"' in r]
+    out = ["  pinned: " + (", ".join(pins) or "none")]
+    drv = "no nvidia-smi"
+    if shutil.which("nvidia-smi"):
+        r = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
+                           text=True)
+        drv = (r.stdout.splitlines() or ["?"])[0].strip() if r.returncode == 0 else "nvidia-smi failed"
+    import torch
+    nccl = ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else "no CUDA device"
+    out.append(f"  installed: driver {drv}, CUDA {torch.version.cuda or 'none (CPU build of torch)'}, NCCL {nccl}, "
+               f"torch {torch.__version__}, transformers {_installed('transformers')}, sglang {_installed('sglang')}, "
+               f"megatron-core {_installed('megatron-core')}, ray {_installed('ray')}, apex {_installed('apex')}")
+    return out
+
+# %% ../nbs/65_launch.ipynb #c800916a
+def nominal_params(model: str) -> float | None:
+    "Parameters of a hub model from its name ('Qwen/Qwen3-4B-Instruct-2507' -> 4e9); None when the name has no size."
+    import re
+    m = re.search(r"(?<![A-Za-z0-9.])(\d+(?:\.\d+)?)[Bb](?![A-Za-z0-9])", model.split("/")[-1].replace("-", " "))
+    return float(m.group(1)) * 1e9 if m else None
+
+def write_speed(folder) -> float:
+    "Bytes per second this machine writes (64 MB, fsynced) in the nearest existing folder above `folder`."
+    import tempfile
+    d = Path(folder).resolve()
+    while not d.exists():
+        d = d.parent
+    buf = os.urandom(1 << 20)
+    with tempfile.NamedTemporaryFile(dir=d) as f:
+        t0 = time.perf_counter()
+        for _ in range(64):
+            f.write(buf)
+        f.flush()
+        os.fsync(f.fileno())
+        return 64 * len(buf) / max(time.perf_counter() - t0, 1e-9)
+
+def memory_estimate(plan, gpu_gb: float = GPU_MEMORY_GB, speed: float | None = None) -> list[str]:
+    "Per-GPU memory of each trainer group's rank and engine, in GB, and the time of one weight push."
+    out = []
+    for g in plan.groups:
+        P, n = nominal_params(g.model), len(g.gpus)
+        if P is None:
+            out.append(f"  {g.role}: {g.model}: no size in the name; no estimate")
+            continue
+        held = (4 + 8 + (4 if plan.config["grpo"].get("kl_coef", 0) > 0 else 0)) * P / n / 1e9
+        grads, engine = 4 * P / n / 1e9, ENGINE_MEM_FRACTION * gpu_gb
+        gen, upd = held + engine, held + grads
+        ok = "fits" if max(gen, upd) < gpu_gb else "DOES NOT FIT"
+        out.append(
+            f"  {g.role}: {g.model} ({P / 1e9:g}B nominal) over {n} ranks: rank holds {held:.1f} GB (float32 weights, "
+            f"AdamW, KL reference); while engines generate {gen:.1f} GB (+ engine {engine:.0f} GB = "
+            f"mem_fraction_static {ENGINE_MEM_FRACTION} x {gpu_gb:g} GB); while it trains {upd:.1f} GB + activations "
+            f"(engine released): {ok} in {gpu_gb:g} GB"
+        )
+        speed = speed or write_speed(plan.config["run"]["out_dir"])
+        out.append(f"  {g.role}: weight push {2 * P / 1e9:.1f} GB of bfloat16 safetensors per step: "
+                   f"{2 * P / speed:.0f} s at this machine's {speed / 1e9:.2f} GB/s write, then read by {n} engines")
+    return out
 
 # %% ../nbs/65_launch.ipynb #6ad262dc
 @dataclass
@@ -70,6 +144,8 @@ class LaunchPlan:
             out.append(f"api simulator: {m} (concurrent with local generation)")
         out += ["", "# processes that would start"] + ["  " + " ".join(p) for p in self.processes]
         out += ["", "# environment variables needed: " + (", ".join(self.env_vars) or "none")]
+        out += ["", "# versions it would run with (pinned by scope_nb[gpu] / installed here)"] + stack_versions()
+        out += ["", "# memory per GPU (estimate)"] + memory_estimate(self)
         return "\n".join(out)
 
 # %% ../nbs/65_launch.ipynb #f20fdd25
@@ -87,6 +163,8 @@ def plan_launch(experiment: str, arm: str, seed: int = 0, settings: str = "paper
     dicts = experiment_dicts(experiment, "gpu", (seed,), out, [arm], settings=settings)
     if not dicts: raise ConfigError(f"{experiment}: no arm {arm!r} at the gpu scale")
     cfg = dicts[0]
+    if trainer == "megatron":  # no float32 master copy there (62_megatron_train): it trains in the policy's dtype
+        cfg["grpo"]["mixed_precision"] = "none"
     roles = _trainables(cfg) if cfg["run"].get("steps") != 0 else []
     if not roles:
         raise ConfigError(

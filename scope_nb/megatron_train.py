@@ -8,6 +8,7 @@ import contextlib, functools
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from .fsdp import group_device
 from .grpo import GRPOConfig, GRPOTrainer
 from .megatron import gpt_model_kwargs, hf_to_megatron, megatron_config_kwargs, megatron_to_hf
 from .training import LocalPolicy, pad_right, scores_from_logits
@@ -111,11 +112,17 @@ def build_gpt(hf_config, tp: int, device="cpu", dtype=torch.float32, recompute: 
     """A megatron-core GPTModel (local layer spec, no dropout) for `hf_config` under tensor parallelism `tp`;
     `recompute` recomputes every layer's activations in the backward pass (grpo's gradient_checkpointing).
 
+    Norms: Llama/Qwen use RMSNorm. The local layer spec is asked for it (`normalization="RMSNorm"`) and the block's
+    final norm is given as torch's (`WrappedTorchNorm`): without both, megatron-core 0.16.1 picks apex's
+    `FusedLayerNorm` wherever apex imports (NGC containers), which asserts LayerNorm and stops the build.
+
     Departure: megatron's own full recompute (`recompute_granularity="full"`) saves and restores CUDA RNG states, so it
     cannot run on a CPU; we wrap each transformer layer in torch's non-reentrant checkpoint instead, which is the same
     computation here because dropout is off (no RNG state to replay)."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     kw = megatron_config_kwargs(hf_config)
@@ -135,7 +142,13 @@ def build_gpt(hf_config, tp: int, device="cpu", dtype=torch.float32, recompute: 
         perform_initialization=False,
     )
     gk = gpt_model_kwargs(hf_config) | dict(vocab_size=padded_vocab(hf_config.vocab_size, tp))
-    m = GPTModel(config=tc, transformer_layer_spec=get_gpt_layer_local_spec(qk_layernorm=kw["qk_layernorm"]), **gk)
+    if kw.get("normalization", "RMSNorm") != "RMSNorm":
+        raise ValueError(
+            f"{hf_config.model_type}: normalization {kw['normalization']!r}; the trainer builds RMSNorm models"
+        )
+    layer = get_gpt_layer_local_spec(qk_layernorm=kw["qk_layernorm"], normalization="RMSNorm")
+    spec = TransformerBlockSubmodules(layer_specs=[layer] * tc.num_layers, layer_norm=WrappedTorchNorm)
+    m = GPTModel(config=tc, transformer_layer_spec=spec, **gk)
     if recompute:
         for layer in m.decoder.layers:
             layer.forward = functools.partial(_checkpointed, layer.forward)
@@ -202,8 +215,18 @@ class MegatronTrainer(GRPOTrainer):
             raise ValueError(
                 "grpo.train_only: only the single-process trainer (--trainer torch) trains a subset of parameters"
             )
+        if cfg.mixed_precision != "none":
+            raise ValueError(
+                "grpo.mixed_precision: the megatron trainer computes in the policy's own dtype (no float32 master "
+                "copy); use --trainer fsdp for bf16 with float32 master weights, or mixed_precision = 'none'"
+            )
         p = next(policy.model.parameters())
         self.device, self.dtype = p.device, p.dtype
+        if self.device != group_device():
+            raise RuntimeError(
+                f"MegatronTrainer: the policy is on {self.device} but the process group's collectives run on "
+                f"{group_device()}; move the policy there first (policy.model.to({str(group_device())!r}))"
+            )
         full = hf_to_megatron(policy.model.state_dict(), self.hf_config)
         self.model = self._build(full)
         self.ref = self._build(full).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
@@ -236,12 +259,13 @@ class MegatronTrainer(GRPOTrainer):
         )
 
     def _clip_grads(self) -> float:
-        split, repl = torch.zeros((), dtype=torch.float64), torch.zeros((), dtype=torch.float64)
+        z = dict(dtype=torch.float64, device=self.device)  # the group's device: NCCL reduces no CPU tensor
+        split, repl = torch.zeros((), **z), torch.zeros((), **z)
         params = [p for p in self.model.parameters() if p.grad is not None]
         for name, p in self.model.named_parameters():
             if p.grad is None:
                 continue
-            sq = p.grad.detach().double().pow(2).sum().cpu()
+            sq = p.grad.detach().double().pow(2).sum()
             if _is_split(name):
                 split += sq
             else:

@@ -34,28 +34,37 @@ class RolloutWorker:
         from scope_nb.sim_modes import Servers
         from scope_nb.sglang_client import SGLangEngine
 
+        from scope_nb.run import build_panel
+
         self.servers = Servers()
         self.env, self.agent, self.user = build_run_speakers(self.cfg, self.servers)
+        self.panel = build_panel(self.cfg, self.env, self.agent, self.user, self.servers)
         # a trainable policy generates on its SGLang engine; the local copy only renders prompts and token streams
         if self.urls[0]:
             self.agent.engine = SGLangEngine(self.urls[0])
         if self.urls[1]:
             self.user.engine = SGLangEngine(self.urls[1])
 
-    def rollout(self, tasks, G, roles, temps, step, first_group, weights) -> RolloutResult:
-        "Run `tasks`; `weights` maps role -> state dict for each trainable local policy whose weights moved."
+    def rollout(self, tasks, G, roles, temps, step, first_group, weights, panel=None, tag="") -> RolloutResult:
+        """Run `tasks`; `weights` maps role -> state dict for each trainable local policy whose weights moved; `panel`
+        j plays the evaluation episodes against the run's j-th panel simulator, seeded as `run.evaluate` seeds them."""
         from scope_nb.sim_modes import PoolSpeaker
 
         if self.agent is None:
             self._build()
-        speakers = {"agent": self.agent, "user": self.user}
+        speakers = {"agent": self.agent, "user": self.user if panel is None else self.panel[panel][1]}
         for role, sd in (weights or {}).items():
             speakers[role].model.load_state_dict(sd)
-        if isinstance(self.user, PoolSpeaker):
-            self.user.pool.refresh()  # the run loop adds checkpoints; all read the same folder
-        for k, sp in enumerate({id(s): s for s in speakers.values()}.values()):
-            sp.reseed(_seed(self.cfg.run.seed, step, k))
-        return rollout(self.env, tasks, G, speakers, roles, temps, step=step, first_group=first_group)
+        if panel is not None:
+            self.agent.reseed(_seed(self.cfg.run.seed, step, 10_000 + panel))
+            if speakers["user"] is not self.agent:
+                speakers["user"].reseed(_seed(self.cfg.run.seed, step, 20_000 + panel))
+        else:
+            if isinstance(self.user, PoolSpeaker):
+                self.user.pool.refresh()  # the run loop adds checkpoints; all read the same folder
+            for k, sp in enumerate({id(s): s for s in speakers.values()}.values()):
+                sp.reseed(_seed(self.cfg.run.seed, step, k))
+        return rollout(self.env, tasks, G, speakers, roles, temps, step=step, first_group=first_group, tag=tag)
 
 
 TRAINERS = ("torch", "fsdp", "megatron")
@@ -120,8 +129,15 @@ class TrainerRank:
         "One update on every rank; rank 0 returns the stats and the new full weights (HF layout)."
         if weights is not None:
             self.tr.load_full_state_dict(weights)
+        import torch
+
         stats = self.tr.step(items)
         full = self.tr.full_state_dict()  # FSDP: a collective, every rank takes part
+        # the engines on these GPUs resume next: drop the gradients (the next update recomputes them) and hand the
+        # freed blocks back to CUDA, so that the rank keeps only its weights and optimizer state while they generate
+        self.tr.opt.zero_grad(set_to_none=True)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
         return (stats, full) if self.rank == 0 else None
 
     def opt_state(self):
@@ -267,25 +283,33 @@ class RayBackend:
         return rt
 
     def _push_weights(self, policy, role: str, version: int):
-        "Save a trained policy's weights and load them into its own engines (never the other role's)."
+        """Save a trained policy's weights once (safetensors, to an absolute path) and load them into its own engines
+        (never the other role's). With `grpo.mixed_precision = "bf16"` they are written in bfloat16, what the trainer
+        computes with and the engines serve (half the bytes of float32: 8 GB instead of 16 GB for a 4B model)."""
         import shutil
+        import torch
 
-        path = self.weights_dir / f"{role}_v{version:06d}"
+        path = (self.weights_dir / f"{role}_v{version:06d}").resolve()
         tmp = path.with_name(path.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        policy.model.save_pretrained(tmp)
+        sd = None
+        if self.cfg.grpo.mixed_precision == "bf16":
+            sd = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in policy.model.state_dict().items()}
+        policy.model.save_pretrained(tmp, state_dict=sd)
         policy.tok.save_pretrained(tmp)
         os.replace(tmp, path)
         _each(self.engines[role], "update_weights_from_disk", path)
-        for old in self.weights_dir.glob(f"{role}_v*"):
+        for old in path.parent.glob(f"{role}_v*"):
             if old != path:
                 shutil.rmtree(old, ignore_errors=True)
 
-    def rollout(self, env, tasks, G, speakers, roles, temps, step=None, **kw) -> RolloutResult:
+    def rollout(self, env, tasks, G, speakers, roles, temps, step=None, panel=None, tag="", **kw) -> RolloutResult:
+        """A step's rollouts (or, with `panel` j, the evaluation episodes against the j-th panel simulator) split over
+        the workers by task; trained weights reach them first (pushed to their engines, or sent with the call)."""
         import ray
 
         weights = {}
-        for role in ("agent", "user"):
+        for role in ("agent",) if panel is not None else ("agent", "user"):  # a panel simulator is never trained
             sp = speakers[role]
             if not hasattr(sp, "model") or (role == "user" and sp is speakers["agent"]):
                 continue
@@ -299,7 +323,7 @@ class RayBackend:
         n = len(self.workers)
         bounds = [len(tasks) * w // n for w in range(n + 1)]
         futs = [
-            wk.rollout.remote(tasks[a:b], G, roles, temps, step, a, weights)
+            wk.rollout.remote(tasks[a:b], G, roles, temps, step, a, weights, panel, tag)
             for wk, a, b in zip(self.workers, bounds, bounds[1:])
             if b > a
         ]

@@ -4,7 +4,7 @@
 
 # %% ../nbs/37_run.ipynb #b10dbc76
 from __future__ import annotations
-import hashlib, json, math, os, shutil, socket, sys, time
+import functools, hashlib, json, math, os, shutil, socket, sys, time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +24,7 @@ from .specs import build_speaker, build_user
 # %% auto #0
 __all__ = ['append_metrics', 'MetricsError', 'read_metrics', 'summarize', 'save_checkpoint', 'checkpoint_problem',
            'latest_checkpoint', 'load_checkpoint', 'default_panel', 'RunFailed', 'check_failures', 'evaluate',
-           'apply_sim_reward', 'build_run_speakers', 'run_lock', 'train', 'Run']
+           'apply_sim_reward', 'build_run_speakers', 'build_panel', 'run_lock', 'train', 'Run']
 
 # %% ../nbs/37_run.ipynb #c7690405
 def _seed(seed: int, step: int, k: int = 0) -> int: return (seed * 1_000_003 + step * 7_919 + k * 104_729) % 2**31
@@ -187,25 +187,22 @@ def check_failures(episodes, cfg: Config, step: int, what: str):
 
 
 def evaluate(
-    cfg: Config, env: Env, agent: Speaker, panel: list[tuple[PanelEntry, Speaker]], step: int, run_dir: Path
+    cfg: Config, env: Env, agent: Speaker, panel: list[tuple[PanelEntry, Speaker]], step: int, run_dir: Path,
+    backend=None,
 ) -> dict:
-    "Agent vs each panel simulator on the test split; per-simulator, seen, unseen and overall means; episodes saved."
+    """Agent vs each panel simulator on the test split; per-simulator, seen, unseen and overall means; episodes saved.
+    With a `backend` (64_ray) the episodes are played where rollouts are: its workers build the same panel and
+    generate on their engines (`panel=j` names the entry), so the driver's copy of the policy never generates."""
     tasks = env.tasks("test")[: cfg.eval.tasks]
     out, seen, unseen, cells = {}, [], [], {}
     for j, (entry, sim) in enumerate(panel):
         agent.reseed(_seed(cfg.run.seed, step, 10_000 + j))
         if sim is not agent:
             sim.reseed(_seed(cfg.run.seed, step, 20_000 + j))
-        res = rollout(
-            env,
-            tasks,
-            cfg.eval.samples,
-            {"agent": agent, "user": sim},
-            (),
-            {"agent": cfg.eval.agent_temperature, "user": entry.temperature},
-            step=step,
-            tag=f"eval:{entry.name}:",
-        )
+        temps = {"agent": cfg.eval.agent_temperature, "user": entry.temperature}
+        play = rollout if backend is None else functools.partial(backend.rollout, panel=j)
+        res = play(env, tasks, cfg.eval.samples, {"agent": agent, "user": sim}, (), temps, step=step,
+                   tag=f"eval:{entry.name}:")
         write_jsonl(Path(run_dir) / "eval" / f"step_{step:06d}" / f"{entry.name}.jsonl", res.episodes)
         check_failures(res.episodes, cfg, step, f"evaluation episodes against {entry.name}")
         r = [e.rewards["agent"] for e in res.episodes if e.status != "failed"]
@@ -242,6 +239,23 @@ def build_run_speakers(cfg: Config, servers: Servers | None = None) -> tuple[Env
     env = make_env(cfg.env.name, cfg.env.max_turns, corpus=cfg.env.corpus, prompts=cfg.env.prompts)
     agent = build_speaker(cfg.agent.model, cfg.agent, env, "agent", cfg.run.seed, cfg.agent.train, servers)
     return env, agent, build_user(cfg.user, env, cfg.run.seed + 1, agent, servers, cfg.run_dir)
+
+def build_panel(cfg: Config, env: Env, agent: Speaker, user: Speaker, servers: Servers | None = None) -> list:
+    """The evaluation panel as (entry, simulator) pairs, built alike by the run loop and by every rollout worker: the
+    training simulator where an entry names it (and it is not trained), the agent itself for self-play."""
+    panel = []
+    for j, entry in enumerate(default_panel(cfg)):
+        if entry.model == "same":  # self-play without a panel: the policy against itself
+            panel.append((entry, agent))
+            continue
+        reuse = entry.model == cfg.user.model and not cfg.user.train
+        sim = (
+            user
+            if reuse
+            else build_speaker(entry.model, cfg.user, env, f"eval-{entry.name}", cfg.run.seed + 100 + j, False, servers)
+        )
+        panel.append((entry, sim))
+    return panel
 
 @contextmanager
 def run_lock(run_dir: Path):
@@ -307,6 +321,7 @@ class Run:
     panel: list  # (PanelEntry, Speaker) pairs
     run_dir: Path
     sinks: list = field(default_factory=list)  # TensorBoard / W&B mirrors of metrics.jsonl (05_loggers)
+    backend: object = None  # where rollouts and evaluation episodes are played (64_ray), None: in this process
 
     def record(self, row: dict) -> None:
         "Append a metrics row to metrics.jsonl, then to each mirror."
@@ -335,19 +350,8 @@ def _build(cfg: Config, servers: Servers, backend) -> Run:
             make = backend.trainer if backend is not None else GRPOTrainer
             trainers[sp.name] = make(sp, cfg.grpo, temperature=getattr(cfg, r).temperature)
         plays.setdefault(sp.name, []).append(r)
-    panel = []
-    for j, entry in enumerate(default_panel(cfg)):
-        if entry.model == "same":  # self-play without a panel: the policy against itself
-            panel.append((entry, agent))
-            continue
-        reuse = entry.model == cfg.user.model and not cfg.user.train
-        sim = (
-            user
-            if reuse
-            else build_speaker(entry.model, cfg.user, env, f"eval-{entry.name}", cfg.run.seed + 100 + j, False, servers)
-        )
-        panel.append((entry, sim))
-    return Run(cfg, env, agent, user, roles, trainers, plays, panel, cfg.run_dir)
+    panel = build_panel(cfg, env, agent, user, servers)
+    return Run(cfg, env, agent, user, roles, trainers, plays, panel, cfg.run_dir, backend=backend)
 
 
 def _first_step(run: Run, resume: bool) -> int:
@@ -499,7 +503,7 @@ def _after_step(run: Run, step: int, row: dict, t_step: float):
     cfg = run.cfg
     if step % cfg.eval.every == 0 or step == cfg.run.steps:
         t0 = time.perf_counter()
-        row.update(evaluate(cfg, run.env, run.agent, run.panel, step, run.run_dir))
+        row.update(evaluate(cfg, run.env, run.agent, run.panel, step, run.run_dir, run.backend))
         row["time/eval"] = time.perf_counter() - t0
     if isinstance(run.user, PoolSpeaker) and step > 0 and step % cfg.user.pool.every == 0:
         run.user.pool.add(

@@ -5,18 +5,38 @@
 # %% ../nbs/63_sglang.ipynb #3fadf2b3
 from __future__ import annotations
 import json, time, urllib.error, urllib.request
+from pathlib import Path
 from .training import Sample
 
 # %% auto #0
-__all__ = ['SGLangError', 'parse_generate', 'SGLangEngine']
+__all__ = ['SGLangError', 'error_text', 'parse_generate', 'SGLangEngine']
 
 # %% ../nbs/63_sglang.ipynb #b3f15837
 class SGLangError(RuntimeError):
     "An SGLang engine refused or failed a request; the message names the endpoint and the engine's reason."
 
+def error_text(raw: bytes) -> str:
+    """The reason in an SGLang error body, whichever of its three shapes it has: {"error": "..."} (the request
+    contract), {"error": {"message": ...}} (a ValueError), {"object": "error", "message": ...} (HTTP errors), or a
+    weight update's {"success": false, "message": ...}; plain text as it is."""
+    try:
+        j = json.loads(raw)
+    except ValueError:
+        return raw.decode(errors="replace").strip()[:300]
+    if isinstance(j, dict):
+        e = j.get("error")
+        msg = e.get("message") if isinstance(e, dict) else e
+        msg = msg or j.get("message") or j.get("detail")
+        if msg:
+            return str(msg)[:300]
+    return json.dumps(j)[:300]
+
 def parse_generate(result: dict, eos_ids) -> Sample:
     "One /generate result -> Sample(ids, sampling logprobs, stopped at EOS)."
     meta = result.get("meta_info") or {}
+    fr = meta.get("finish_reason") or {}
+    if fr.get("type") == "abort":  # answered with HTTP 200 (aborted in the queue, by a pause or a weight update)
+        raise SGLangError(f"/generate: the engine aborted the request ({fr.get('message') or 'no message'})")
     lps = meta.get("output_token_logprobs")
     if lps is None:
         raise SGLangError("/generate: no meta_info.output_token_logprobs in the answer; send return_logprob = true")
@@ -25,7 +45,6 @@ def parse_generate(result: dict, eos_ids) -> Sample:
         raise SGLangError(
             f"/generate: output_ids {result['output_ids'][:8]}... disagree with the logprob token ids {ids[:8]}..."
         )
-    fr = meta.get("finish_reason") or {}
     eos = (fr.get("type") == "stop") and bool(ids) and ids[-1] in set(eos_ids)
     return Sample(ids, [float(t[0]) for t in lps], eos)
 
@@ -37,7 +56,8 @@ class SGLangEngine:
         self.url, self.timeout, self.retries, self.backoff = url.rstrip("/"), timeout, retries, backoff
         self.calls: dict[str, int] = {}
 
-    def _post(self, path: str, body: dict | None = None) -> dict | list:
+    def _post(self, path: str, body: dict | None = None):
+        "POST JSON; 5xx and dropped connections are retried with backoff, 4xx raise at once with the engine's reason."
         data = json.dumps(body or {}).encode()
         last = None
         for attempt in range(self.retries + 1):
@@ -49,11 +69,11 @@ class SGLangEngine:
                 with urllib.request.urlopen(req, timeout=self.timeout) as r:
                     raw = r.read()
                 try:
-                    return json.loads(raw or b"{}")
+                    return json.loads(raw) if raw else None  # memory release/resume answer `null`
                 except ValueError:
-                    return {"text": raw.decode(errors="replace")}  # some endpoints answer in plain text
+                    return {"text": raw.decode(errors="replace")}  # /flush_cache answers in plain text
             except urllib.error.HTTPError as e:
-                msg = e.read().decode(errors="replace")[:300]
+                msg = error_text(e.read())
                 if e.code < 500:
                     raise SGLangError(f"{path}: HTTP {e.code} from {self.url}: {msg}") from None
                 last = f"HTTP {e.code}: {msg}"
@@ -66,48 +86,90 @@ class SGLangEngine:
     def generate(
         self, prompts: list[list[int]], max_new_tokens: int, temperature: float, eos_ids, seed: int | None = None
     ) -> list[Sample]:
-        "Sample continuations of token-id prompts; one batched request."
+        """Sample continuations of token-id prompts in one batched request. Prompts the engine aborts (HTTP 200 with
+        finish_reason `abort`) are asked again, up to `retries` times, then raise (the rollout marks their episodes
+        failed, never scored). `seed` gives prompt i `sampling_seed = seed + i`: SGLang honours it only when started
+        with --enable-deterministic-inference, and one seed for a whole batch would make the G copies of a prompt
+        draw the same tokens there."""
         if not prompts:
             return []
         sp = {
-            "max_new_tokens": max_new_tokens,
-            "temperature": temperature,
+            "max_new_tokens": int(max_new_tokens),
+            "temperature": float(temperature),
             "stop_token_ids": sorted(set(eos_ids)),
             "skip_special_tokens": False,
             "no_stop_trim": True,
         }
-        if seed is not None:
-            sp["sampling_seed"] = seed
-        out = self._post(
-            "/generate", {"input_ids": prompts, "sampling_params": sp, "return_logprob": True, "logprob_start_len": -1}
-        )
-        out = out if isinstance(out, list) else [out]
-        if len(out) != len(prompts):
-            raise SGLangError(f"/generate: {len(out)} results for {len(prompts)} prompts")
-        return [parse_generate(r, eos_ids) for r in out]
+        out: list = [None] * len(prompts)
+        todo, why = list(range(len(prompts))), ""
+        for attempt in range(self.retries + 1):
+            sps = [sp | {"sampling_seed": seed + i} for i in todo] if seed is not None else sp
+            body = {"input_ids": [prompts[i] for i in todo], "sampling_params": sps, "return_logprob": True,
+                    "logprob_start_len": -1}
+            res = self._post("/generate", body)
+            res = res if isinstance(res, list) else [res]
+            if len(res) != len(todo):
+                raise SGLangError(f"/generate: {len(res)} results for {len(todo)} prompts")
+            left = []
+            for i, r in zip(todo, res):
+                try:
+                    out[i] = parse_generate(r, eos_ids)
+                except SGLangError as e:
+                    if "aborted" not in str(e):
+                        raise
+                    left.append(i)
+                    why = str(e)
+            if not left:
+                return out
+            todo = left
+            if attempt < self.retries:
+                time.sleep(self.backoff * 2**attempt)
+        n = self.retries + 1
+        raise SGLangError(f"{why}: {len(todo)} of {len(prompts)} prompts still aborted after {n} attempts")
 
-    def _ok(self, path: str, body: dict | None = None) -> dict:
+    def _ok(self, path: str, body: dict | None = None):
         r = self._post(path, body)
         if isinstance(r, dict) and r.get("success") is False:
             raise SGLangError(f"{path}: the engine refused: {r.get('message', 'no message')}")
         return r
 
-    def update_weights_from_disk(self, path: str) -> dict:
-        "Load new weights (a saved checkpoint folder) into the running engine."
-        return self._ok("/update_weights_from_disk", {"model_path": str(path)})
+    def update_weights_from_disk(self, path) -> dict:
+        """Load new weights (a saved checkpoint folder) into the running engine. The path is made absolute: SGLang
+        reads a relative path from its own working directory and takes one that is not a folder there for a hub id."""
+        return self._ok("/update_weights_from_disk", {"model_path": str(Path(path).resolve())})
 
-    def release_memory(self) -> dict:
+    def model_info(self) -> dict:
+        "The engine's /model_info: `model_path` is the folder it last loaded."
+        with urllib.request.urlopen(self.url + "/model_info", timeout=self.timeout) as r:
+            return json.loads(r.read())
+
+    def release_memory(self):
         return self._ok("/release_memory_occupation")
 
-    def resume_memory(self) -> dict:
-        return self._ok("/resume_memory_occupation")
+    def resume_memory(self, reload: bool = True):
+        """Resume after a release. With --enable-memory-saver and without --enable-weights-cpu-backup, SGLang maps
+        new memory for the weights and their contents are gone, so `reload` loads the folder the engine last loaded
+        again (its /model_info model_path: the trainer's last push or the pool entry in use)."""
+        r = self._ok("/resume_memory_occupation")
+        if reload:
+            self._ok("/update_weights_from_disk", {"model_path": self.model_info()["model_path"]})
+        return r
 
-    def flush_cache(self) -> dict:
+    def flush_cache(self):
         return self._ok("/flush_cache")
 
     def healthy(self) -> bool:
+        "One /health probe: 200 once the server is up and a one-token generation passed; 503 while it starts."
         try:
-            with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+            with urllib.request.urlopen(self.url + "/health", timeout=30) as r:
                 return r.status == 200
         except Exception:
             return False
+
+    def wait_ready(self, timeout: float = 900.0, every: float = 2.0) -> None:
+        "Wait until /health answers 200 (a loading server answers 503 or refuses connections); raise after `timeout`."
+        t0 = time.monotonic()
+        while not self.healthy():
+            if time.monotonic() - t0 > timeout:
+                raise SGLangError(f"{self.url}: not healthy after {timeout:.0f} s (is the server still loading?)")
+            time.sleep(every)

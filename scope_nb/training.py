@@ -105,12 +105,11 @@ def sample_batch(
 def pad_right(seqs: list[list[int]], pad_id: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
     "Right-padded ids and attention mask of `seqs`."
     n = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), n), pad_id, dtype=torch.long)
-    att = torch.zeros((len(seqs), n), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)] = torch.tensor(s)
-        att[i, : len(s)] = 1
-    return ids.to(device), att.to(device)
+    if device is None:
+        device = torch.device("cpu")
+    ids = torch.tensor([list(s) + [pad_id] * (n - len(s)) for s in seqs], dtype=torch.long, device=device)
+    att = torch.tensor([[1] * len(s) + [0] * (n - len(s)) for s in seqs], dtype=torch.long, device=device)
+    return ids, att
 
 
 def scores_from_logits(logits: torch.Tensor, ids: torch.Tensor, temperature: float = 1.0, with_entropy: bool = True):

@@ -61,3 +61,75 @@ def test_fsdp2_matches_single_process(tmp_path):
         torch.testing.assert_close(got_p[n], want_p[n], rtol=1e-5, atol=1e-7, msg=f"parameter {n} after {STEPS} steps")
     moved = max(float((want_p[n] - p0).abs().max().detach()) for n, p0 in _policy().model.named_parameters())
     assert moved > 1e-3   # the steps did change the weights, so equal parameters mean equal updates
+
+
+# --- item counts that do not split evenly over the ranks, and collectives on the group's device -----------------------
+UNEVEN_CFG = GRPOConfig(lr=1e-3, kl_coef=0.005, micro_batch=2)
+UNEVEN = (1, 5, 7)   # 2 ranks, micro-batch 2: rank 1 has no item; rank 0 runs 2 micro-batches, rank 1 one; 2 and 2
+
+
+def uneven_batches():
+    """Steps of 1, 5 and 7 trajectories of real lab rollouts (failed or empty episodes leave any count), with fixed
+    nonzero advantages: most lab groups have zero variance, and a step whose true gradient is exactly 0 would compare
+    float noise, which AdamW scales up to a step of size lr."""
+    trajs = [t for b in _batches() for t, _ in b]
+    cuts = np.cumsum((0,) + UNEVEN)
+    return [[(t, (-1.0) ** i * (0.5 + 0.1 * i)) for i, t in enumerate(trajs[a:b])] for a, b in zip(cuts, cuts[1:])]
+
+
+def stepwise(tr, batches, full):
+    "Each step's statistics and every parameter after it (full tensors)."
+    out = []
+    for items in batches:
+        stats = tr.step(items)
+        out.append((stats, {n: full(p.detach()) for n, p in tr.model.named_parameters()}))
+    return out
+
+
+def _uneven_body(rank, batches):
+    from dist_checks import strict_group_device
+    tr = FSDPTrainer(_policy(), UNEVEN_CFG)
+    with strict_group_device():
+        return stepwise(tr, batches, lambda t: t.full_tensor().clone())
+
+
+def check_stepwise(got, want, rtol=1e-5, atol=1e-7):
+    for k, ((gs, gp), (ws, wp)) in enumerate(zip(got, want, strict=True)):
+        for s in ("loss", "kl", "entropy", "clipfrac", "grad_norm", "tokens"):
+            assert abs(gs[s] - ws[s]) <= atol + rtol * abs(ws[s]) * 10, (UNEVEN[k], s, gs[s], ws[s])
+        for n in wp: torch.testing.assert_close(gp[n], wp[n], rtol=rtol, atol=atol, msg=f"{n} after the {UNEVEN[k]}-item step")
+
+
+def test_fsdp2_uneven_item_counts_and_an_idle_rank(tmp_path):
+    "1, 5 and 7 items over 2 ranks with micro-batch 2 finish (no hang) and give the single-process update, step by step."
+    from dist_checks import on_ranks
+    batches = uneven_batches()
+    assert [len(b) for b in batches] == list(UNEVEN)
+    want = stepwise(GRPOTrainer(_policy(), UNEVEN_CFG), batches, lambda t: t.clone())
+    check_stepwise(on_ranks(_uneven_body, batches, tmp_path), want)
+
+
+def _bf16_body(rank, items):
+    tr = FSDPTrainer(_policy(), GRPOConfig(lr=1e-3, kl_coef=0.005, micro_batch=2, mixed_precision="bf16"))
+    stats = tr.step(items)
+    return stats, {n: p.full_tensor().clone() for n, p in tr.model.named_parameters()}
+
+
+def test_fsdp2_bf16_compute_with_float32_master_weights(tmp_path):
+    "mixed_precision = 'bf16': FSDP2 computes in bfloat16, keeps float32 weights, and updates as the single-process bf16 trainer does."
+    from dist_checks import on_ranks
+    items = uneven_batches()[1]
+    cfg = GRPOConfig(lr=1e-3, kl_coef=0.005, micro_batch=2, mixed_precision="bf16")
+    p0 = {n: p.detach().clone() for n, p in _policy().model.named_parameters()}
+    ref = GRPOTrainer(_policy(), cfg)
+    want = ref.step(items)
+    got, params = on_ranks(_bf16_body, items, tmp_path)
+    assert all(p.dtype == torch.float32 for p in params.values())
+    for s in ("loss", "entropy", "grad_norm"): assert abs(got[s] - want[s]) <= 0.02 * abs(want[s]) + 1e-3, (s, got[s], want[s])
+    # AdamW's first step is about ±lr wherever a gradient is nonzero, so elements whose bf16 gradient is noise may flip
+    # sign: compare the whole update's direction instead
+    d_want = torch.cat([(p.detach() - p0[n]).flatten() for n, p in ref.model.named_parameters()])
+    d_got = torch.cat([(params[n] - p0[n]).flatten() for n, _ in ref.model.named_parameters()])
+    cos = float(d_got @ d_want / (d_got.norm() * d_want.norm()))
+    print("cosine of the bf16 updates", cos)
+    assert cos > 0.9 and float(d_got.norm()) > 0.5 * float(d_want.norm()), cos

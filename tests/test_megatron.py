@@ -1,7 +1,7 @@
 """HF -> Megatron -> HF conversion is exact for tiny Llama / Qwen2 / Qwen3 configs, the converted weights load strictly into
 real megatron-core GPTModels built on the CPU, the derived TransformerConfig matches the HF config's fields, and MegatronTrainer
 with tensor parallelism 2 over gloo gives the single-process GRPOTrainer's gradients and weights."""
-import os, pickle, warnings
+import os, pickle, subprocess, sys, warnings
 import pytest
 import torch
 import torch.distributed as dist
@@ -126,3 +126,65 @@ def test_megatron_tp2_matches_single_process(tmp_path):
 def test_megatron_tp_must_divide_groups():
     from scope_nb.megatron_train import build_gpt
     with pytest.raises(ValueError, match="must divide num_key_value_heads"): build_gpt(CASES[0][0], tp=4)
+
+
+def _megatron_uneven_body(rank, batches):
+    "Steps of 1, 5 and 7 items; every collective checked to run on the group's device; HF-layout weights after each."
+    from dist_checks import strict_group_device
+    from test_fsdp import UNEVEN_CFG, _policy
+    from scope_nb.megatron_train import MegatronTrainer
+    tr, out = MegatronTrainer(_policy(), UNEVEN_CFG), []
+    with strict_group_device():
+        for items in batches:
+            stats = tr.step(items)
+            out.append((stats, {n: p.detach().clone() for n, p in tr.policy.model.named_parameters()}))
+    return out
+
+
+def test_megatron_tp2_uneven_item_counts(tmp_path):
+    "TP = 2 over gloo with 1, 5 and 7 items (micro-batch 2) gives the single-process update step by step, collectives on the group's device."
+    from dist_checks import on_ranks
+    from test_fsdp import UNEVEN_CFG, _policy, check_stepwise, stepwise, uneven_batches
+    from scope_nb.grpo import GRPOTrainer
+    batches = uneven_batches()
+    want = stepwise(GRPOTrainer(_policy(), UNEVEN_CFG), batches, lambda t: t.clone())
+    check_stepwise(on_ranks(_megatron_uneven_body, batches, tmp_path), want, atol=1e-6)
+
+
+APEX_STUB = r'''
+import sys, types
+for name in ("apex", "apex.normalization", "apex.normalization.fused_layer_norm", "apex.contrib", "apex.contrib.layer_norm",
+             "apex.contrib.layer_norm.layer_norm"):
+    sys.modules[name] = types.ModuleType(name)
+sys.modules["apex.normalization.fused_layer_norm"].FusedLayerNormAffineFunction = object
+sys.modules["apex.contrib.layer_norm.layer_norm"].FastLayerNormFN = object
+'''
+
+
+@pytest.mark.parametrize("apex", [False, True], ids=["no-apex", "apex-importable"])
+def test_build_gpt_uses_rmsnorm_with_or_without_apex(apex):
+    "Where apex imports (NGC containers) megatron-core picks FusedLayerNorm, which asserts LayerNorm: the build must ask for RMSNorm."
+    code = (APEX_STUB if apex else "") + r'''
+import os, warnings; warnings.filterwarnings("ignore")
+import torch, torch.distributed as dist
+from transformers import LlamaConfig, LlamaForCausalLM
+from scope_nb.core import free_port
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+dist.init_process_group("gloo", rank=0, world_size=1)
+from megatron.core import parallel_state; parallel_state.initialize_model_parallel(1, 1)
+from megatron.core.models.gpt import gpt_layer_specs
+from scope_nb.megatron import hf_to_megatron
+from scope_nb.megatron_train import build_gpt
+cfg = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False)
+m = build_gpt(cfg, 1)
+md = hf_to_megatron(LlamaForCausalLM(cfg).state_dict(), cfg)
+missing, unexpected = m.load_state_dict(md, strict=False)
+assert not unexpected and all(k.endswith("_extra_state") for k in missing), (missing, unexpected)
+norms = {type(x).__name__ for n, x in m.named_modules() if n.endswith("layernorm")}
+print(gpt_layer_specs.HAVE_APEX, sorted(norms))
+'''
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    have, norms = r.stdout.split(maxsplit=1)
+    assert have == str(apex) and "FusedLayerNorm" not in norms and "RMSNorm" in norms, r.stdout

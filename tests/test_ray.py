@@ -53,14 +53,23 @@ def test_ray_workers_generate_on_their_engines_with_synced_weights(tmp_path):
                        env={**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(HERE)})
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads((tmp_path / "engines.json").read_text())
-    for paths, updates in zip(res["paths"], res["update_paths"]):
-        assert paths.count("/generate") == 4 * 2            # 4 steps x 2 agent turns, every step on both engines
-        assert len(updates) == 3 and len(set(updates)) == 3  # weights pushed before steps 2, 3 and 4
-    assert res["update_paths"][0] == res["update_paths"][1]
-    for calls in res["calls"]:   # colocated: every update is bracketed by release/resume, and weights load after the resume
+    assert res["driver_samples"] == 0 and res["eval_files"] == 3 * 10   # evaluated at steps 0, 2, 4 on 10 panel entries
+    for paths, evals in zip(res["paths"], res["eval_rounds"]):   # 4 steps x 2 agent turns, plus the evaluation rounds
+        assert evals >= 30 and paths.count("/generate") == 4 * 2 + evals
+    pushes, reloads = [], []
+    for calls, updates in zip(res["calls"], res["update_paths"]):   # an update right after a resume is its reload
+        after = [calls[i - 1] for i, c in enumerate(calls) if c == "/update_weights_from_disk"]
+        pushes.append([u for u, a in zip(updates, after, strict=True) if a != "/resume_memory_occupation"])
+        reloads.append([u for u, a in zip(updates, after) if a == "/resume_memory_occupation"])
+    for p, r in zip(pushes, reloads):
+        assert len(p) == 4 and len(set(p)) == 4   # weights pushed before steps 2 and 4 and the evaluations at 2 and 4
+        # each resume reloads what the engine last loaded: the start folder at step 1, then the latest push
+        assert r == [r[0]] + p[:3] and r[0].endswith("engine_start"), (r, p)
+    assert pushes[0] == pushes[1]
+    for calls in res["calls"]:   # colocated: every update is bracketed by release/resume, and the resume reloads the weights
         assert calls.count("/release_memory_occupation") == calls.count("/resume_memory_occupation") == 4   # one per step
         for i, c in enumerate(calls):
-            if c == "/update_weights_from_disk": assert calls[i - 1] == "/resume_memory_occupation", calls
+            if c == "/resume_memory_occupation": assert calls[i + 1] == "/update_weights_from_disk", calls
     assert res["gap_step4_vs_step3_weights"] < 1e-5
     for _ in range(30):
         if _ray_processes() == before: break
