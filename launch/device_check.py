@@ -4,7 +4,7 @@
   grpo       GRPO steps of the torch backend (bf16 compute, float32 master weights) on a randomly initialised model of
              realistic shape: generation and training tokens/s, peak memory
   fsdp       one FSDPTrainer step on a 1-rank NCCL group (gloo on a CPU), collectives on the group's device
-  megatron   megatron-core vs transformers with dropout off and strict loading (logprob gap), then one MegatronTrainer
+  megatron   megatron-core vs transformers with dropout off, every converted key checked on load (logprob gap), then one MegatronTrainer
              step on a 1-rank NCCL group
   sglang     an SGLang server on the same model (started here, or --sglang-url): token ids in, ids and logprobs out;
              the engine-trainer logprob gap; weights updated from disk change the greedy output; release + resume
@@ -137,7 +137,6 @@ def megatron(cfg, model, dev, a):
     with one_rank_group(dev):
         m = copy.deepcopy(model).to(dev)   # float32: the comparison is of the conversion, not of bf16 rounding
         tr = MegatronTrainer(SimpleNamespace(model=m, pad_id=0), GRPOConfig(lr=1e-6, kl_coef=0.005, micro_batch=4))
-        tr.model.load_state_dict(tr.model.state_dict(), strict=True)   # every key of the model, none more
         seqs = [t.token_ids for t, _ in items[:2]]
         with torch.no_grad():
             lp_mg, _, _ = tr._logprobs(tr.model, seqs, with_entropy=False)
@@ -146,7 +145,7 @@ def megatron(cfg, model, dev, a):
         st = tr.step(items[:3])
         if not (gap < 1e-3 and st["grad_norm"] > 0):
             raise RuntimeError(f"logprob gap megatron vs transformers {gap:.2e} (want < 1e-3), grad_norm {st['grad_norm']}")
-        return f"logprob gap vs transformers {gap:.2e} (float32, dropout 0, strict load), grad_norm {st['grad_norm']:.3f}"
+        return f"logprob gap vs transformers {gap:.2e} (float32, dropout 0, converted weights with every key checked), grad_norm {st['grad_norm']:.3f}"
 
 
 def sglang(cfg, model, dev, a, folder):
