@@ -145,7 +145,10 @@ def megatron(cfg, model, dev, a):
         st = tr.step(items[:3])
         if not (gap < 1e-3 and st["grad_norm"] > 0):
             raise RuntimeError(f"logprob gap megatron vs transformers {gap:.2e} (want < 1e-3), grad_norm {st['grad_norm']}")
-        return f"logprob gap vs transformers {gap:.2e} (float32, dropout 0, converted weights with every key checked), grad_norm {st['grad_norm']:.3f}"
+        hf = next(m.parameters()).device
+        if hf.type != "cpu": raise RuntimeError(f"the trainer's full HF copy is on {hf}, want cpu (only TP slices on the GPU)")
+        return (f"logprob gap vs transformers {gap:.2e} (float32, dropout 0, converted weights with every key checked), "
+                f"grad_norm {st['grad_norm']:.3f}, HF copy on cpu")
 
 
 def sglang(cfg, model, dev, a, folder):

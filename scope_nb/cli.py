@@ -117,6 +117,21 @@ def _settings_args(p, flags: dict, title: str):
         g.add_argument(f"--{flag}", default=None, metavar="VALUE", help=f"sets {field}")
 
 
+def _gpu_pins(agent: str, user: str) -> dict[str, list[int]]:
+    "`--trainer-gpus 0,1 --user-trainer-gpus 2,3` -> {'agent': [0, 1], 'user': [2, 3]} (empty flags are left out)."
+    from scope_nb.config import ConfigError
+
+    out = {}
+    for role, flag, v in (("agent", "--trainer-gpus", agent), ("user", "--user-trainer-gpus", user)):
+        if not v:
+            continue
+        try:
+            out[role] = [int(x) for x in v.split(",")]
+        except ValueError:
+            raise ConfigError(f"{flag} {v!r}: give comma-separated GPU ids, e.g. 0,1,2,3") from None
+    return out
+
+
 def _settings(args, flags: dict, model, prefix: str, **defaults):
     "The settings table `model` from the flags given (the rest keep `defaults`, then the table's); errors name the key."
     from scope_nb.config import apply_overrides, ConfigError
@@ -184,6 +199,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     t.add_argument(
         "--user-engine-urls", default="", help="--backend ray: SGLang engines for a trained simulator, one per worker"
+    )
+    t.add_argument(
+        "--trainer-gpus", default="", help="--backend ray: comma-separated GPU ids of the agent's trainer ranks"
+    )
+    t.add_argument(
+        "--user-trainer-gpus", default="", help="--backend ray: GPU ids of a trained simulator's trainer ranks"
     )
     t.add_argument(
         "--colocate",
@@ -391,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
                     gpus_per_rank=args.gpus_per_rank,
                     user_engine_urls=urls(args.user_engine_urls),
                     colocate=args.colocate,
+                    trainer_gpus=_gpu_pins(args.trainer_gpus, args.user_trainer_gpus),
                 )
             try:
                 run_dir = train(cfg, resume=args.resume, progress=not args.no_progress, backend=backend)

@@ -138,7 +138,9 @@ class LaunchPlan:
                 f"trainer group {g.role}: model {g.model} on GPUs {g.gpus[0]}-{g.gpus[-1]} ({kind} over "
                 f"{len(g.gpus)} ranks); "
                 f"placement group STRICT_PACK bundles {g.bundles[0]} x {len(g.gpus)}; "
-                f"own SGLang engines on ports {g.engine_ports} (tp {g.engine_tp}), weights synced from this group only"
+                f"own SGLang engines on ports {g.engine_ports} (tp {g.engine_tp}), weights synced from this group "
+                "only; "
+                f"rank i pinned to GPU {g.gpus}[i], beside engine i"
             )
         for m in self.api_models:
             out.append(f"api simulator: {m} (concurrent with local generation)")
@@ -238,8 +240,9 @@ def plan_launch(experiment: str, arm: str, seed: int = 0, settings: str = "paper
         "--engine-urls",
         urls(groups[0]),
     ]
+    train += ["--trainer-gpus", ",".join(map(str, groups[0].gpus))]  # each rank beside the engine it releases
     if len(groups) > 1:
-        train += ["--user-engine-urls", urls(groups[1])]
+        train += ["--user-engine-urls", urls(groups[1]), "--user-trainer-gpus", ",".join(map(str, groups[1].gpus))]
     procs.append(train)
     return LaunchPlan(experiment, arm, cfg, groups, api, env_vars, base_port - 1, procs, trainer)
 

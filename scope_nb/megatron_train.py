@@ -220,16 +220,15 @@ class MegatronTrainer(GRPOTrainer):
                 "grpo.mixed_precision: the megatron trainer computes in the policy's own dtype (no float32 master "
                 "copy); use --trainer fsdp for bf16 with float32 master weights, or mixed_precision = 'none'"
             )
-        p = next(policy.model.parameters())
-        self.device, self.dtype = p.device, p.dtype
-        if self.device != group_device():
-            raise RuntimeError(
-                f"MegatronTrainer: the policy is on {self.device} but the process group's collectives run on "
-                f"{group_device()}; move the policy there first (policy.model.to({str(group_device())!r}))"
-            )
+        # the slices live on the group's device (NCCL reduces no CPU tensor); the full HF copy, which checkpoints
+        # and weight pushes read, lives in CPU memory wherever the policy came from: on a GPU only this rank's
+        # slices, their optimizer state and the KL reference's slices
+        self.device, self.dtype = group_device(), next(policy.model.parameters()).dtype
         full = hf_to_megatron(policy.model.state_dict(), self.hf_config)
         self.model = self._build(full)
         self.ref = self._build(full).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
+        del full
+        policy.model.to("cpu")
         self.opt = self._optimizer()
 
     def _build(self, full: dict):

@@ -75,8 +75,18 @@ class TrainerRank:
     `megatron`: a process group)."""
 
     def __init__(
-        self, cfg_dict: dict, role: str, gcfg, temperature: float, kind: str = "torch", rank: int = 0, world: int = 1
+        self,
+        cfg_dict: dict,
+        role: str,
+        gcfg,
+        temperature: float,
+        kind: str = "torch",
+        rank: int = 0,
+        world: int = 1,
+        gpu: int | None = None,
     ):
+        if gpu is not None:  # pinned to the GPU of the engine it releases; before anything initialises CUDA here
+            os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
         import torch
         from scope_nb.envs import make_env
         from scope_nb.specs import build_speaker
@@ -109,8 +119,8 @@ class TrainerRank:
         from scope_nb.grpo import GRPOTrainer
 
         kind, gcfg, temperature, seed = self.args
-        if torch.cuda.is_available():
-            self.pol.model.to("cuda")  # Ray gives each rank its own GPU as device 0
+        if torch.cuda.is_available() and kind != "megatron":  # megatron builds its slices there from the CPU copy
+            self.pol.model.to("cuda")  # each rank sees its own GPU as device 0 (Ray's pick, or its pin)
         if kind == "torch":
             self.tr = GRPOTrainer(self.pol, gcfg, temperature=temperature)
             return
@@ -139,6 +149,10 @@ class TrainerRank:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         return (stats, full) if self.rank == 0 else None
+
+    def visible_devices(self) -> str | None:
+        "The GPUs this rank's process may use (`CUDA_VISIBLE_DEVICES`), as its engines' launcher pinned them."
+        return os.environ.get("CUDA_VISIBLE_DEVICES")
 
     def opt_state(self):
         return self.tr.opt_state_dict()
@@ -172,6 +186,24 @@ def _each(urls: list[str], call: str, *args) -> None:
 
     with ThreadPoolExecutor(max(1, len(urls))) as ex:
         list(ex.map(lambda u: getattr(SGLangEngine(u), call)(*args), urls))
+
+
+def _check_pins(pins: dict, world: int) -> dict[str, list[int]]:
+    "`trainer_gpus` checked: per role (agent, user) `world` distinct GPU ids, no GPU in two roles."
+    out, seen = {}, {}
+    for role, ids in pins.items():
+        flag = "--trainer-gpus" if role == "agent" else "--user-trainer-gpus"
+        if role not in ("agent", "user"):
+            raise ConfigError(f"trainer_gpus: role {role!r}; use 'agent' or 'user'")
+        ids = [int(i) for i in ids]
+        if len(ids) != world or len(set(ids)) != world or min(ids, default=0) < 0:
+            raise ConfigError(f"{flag} {','.join(map(str, ids))}: give {world} distinct GPU ids, one per trainer rank")
+        for i in ids:
+            if i in seen:
+                raise ConfigError(f"{flag}: GPU {i} is already the {seen[i]} trainer's; the groups need disjoint GPUs")
+            seen[i] = role
+        out[role] = ids
+    return out
 
 
 class RemoteTrainer:
@@ -217,6 +249,7 @@ class RayBackend:
         gpus_per_rank: float = 0.0,
         user_engine_urls: list[str] | None = None,
         colocate: bool = False,
+        trainer_gpus: dict[str, list[int]] | None = None,
     ):
         import ray
 
@@ -236,6 +269,7 @@ class RayBackend:
             raise ConfigError(
                 "--user-engine-urls: only a trained simulator (user.train = true, not self-play) has engines of its own"
             )
+        self.pins = _check_pins(trainer_gpus or {}, trainer_world)
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         self.started = not ray.is_initialized()
         if self.started:
@@ -258,7 +292,7 @@ class RayBackend:
 
     def trainer(self, policy, gcfg, temperature: float = 1.0) -> RemoteTrainer:
         """A trainer group for `policy`: `trainer_world` ranks in one placement group (its own GPUs when gpus_per_rank >
-        0)."""
+        0); with `trainer_gpus[role]`, rank i runs on exactly that list's i-th GPU."""
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -268,12 +302,13 @@ class RayBackend:
         pg = placement_group([bundle] * self.world, strategy="STRICT_PACK")  # a group on one node
         ray.get(pg.ready(), timeout=300)
         R = ray.remote(TrainerRank)
+        pins = self.pins.get(role) or [None] * self.world
         actors = [
             R.options(
                 num_cpus=0.5,
                 num_gpus=self.gpus,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
-            ).remote(self.cfg_dict, role, gcfg, temperature, self.kind, i, self.world)
+            ).remote(self.cfg_dict, role, gcfg, temperature, self.kind, i, self.world, pins[i])
             for i in range(self.world)
         ]
         master = ray.get(actors[0].address.remote()) if self.kind != "torch" else None

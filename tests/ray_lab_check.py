@@ -37,14 +37,22 @@ def config(name, arm):
     return validate(from_dict(Config, d))
 
 
-rows = {}
+# cot-fsdp pins its trainer ranks as `scope launch` would (agent on GPUs 0-1, simulator on 2-3); each rank reports the
+# CUDA_VISIBLE_DEVICES it runs with, after its whole run (Ray sets it only when it creates the actor)
+PINS = {"cot-fsdp": {"agent": [0, 1], "user": [2, 3]}}
+rows, visible = {}, {}
 for name, (arm, ray) in RUNS.items():
     if only and name not in only: continue
     cfg = config(name, arm)
-    backend = RayBackend(cfg, workers=2, num_cpus=4, trainer=ray[0], trainer_world=ray[1]) if ray else None
-    try: train(cfg, progress=False, backend=backend)
+    backend = RayBackend(cfg, workers=2, num_cpus=4, trainer=ray[0], trainer_world=ray[1], trainer_gpus=PINS.get(name)) if ray else None
+    try:
+        train(cfg, progress=False, backend=backend)
+        if backend:
+            import ray as _ray
+            visible[name] = _ray.get([a.visible_devices.remote() for a in backend.trainers])
     finally:
         if backend: backend.close()
     rows[name] = [{k: v for k, v in r.items() if not k.startswith("time/") and k != "wall_time"} for r in load_run(cfg.run_dir).rows]
 json.dump(rows, open(f"{out}/rows.json", "w"))
+json.dump(visible, open(f"{out}/visible.json", "w"))
 print("done")

@@ -34,6 +34,9 @@ def test_ray_run_matches_single_process(tmp_path):
     assert any(x.get("train/loss") for x in single) and single[-1]["eval/mean"] is not None
     # split trainers differ from one process only in float summation order (~1e-7), so sampled episodes are identical
     for kind in ("cot-fsdp", "cot-megatron"): same(rows["cot-single"], rows[kind], 1e-4, 1e-6)
+    visible = json.loads((tmp_path / "visible.json").read_text())   # pinned ranks (agent 0-1, simulator 2-3) kept their GPUs
+    assert visible["cot-fsdp"] == ["0", "1", "2", "3"], visible
+    assert visible["ray"] == [os.environ.get("CUDA_VISIBLE_DEVICES")], visible   # unpinned: whatever Ray gave (none here)
     assert all(x.get("sim/grad_norm", 0) > 0 for x in rows["cot-single"][1:])   # the simulator trained too
     same(rows["pop-single"], rows["pop-ray"], 1e-5, 1e-7)   # workers read the run loop's checkpoint pool from the run folder
     assert rows["pop-single"][4]["sim/pool_size"] == 2
