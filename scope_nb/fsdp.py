@@ -79,6 +79,11 @@ class FSDPTrainer(GRPOTrainer):
         dist.all_reduce(t)
         return dict(zip(keys, t.tolist()))
 
+    def _max(self, x):
+        t = torch.tensor([x], dtype=torch.float64, device=self.comm)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t)
+
     def full_state_dict(self) -> dict:
         "Unsharded weights (on every rank), e.g. to save a checkpoint or push to rollout engines."
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict

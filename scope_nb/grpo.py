@@ -187,6 +187,10 @@ class GRPOTrainer:
     def _sum(self, stats: dict) -> dict:
         return stats
 
+    def _max(self, x: float) -> float:
+        "The largest of `x` over the ranks that split the items (one process: `x`)."
+        return x
+
     def _logprobs(self, model, seqs, with_entropy: bool = True, start: int = 1):
         with self._autocast():
             pad = self.policy.pad_id
@@ -215,9 +219,10 @@ class GRPOTrainer:
     def load_opt_state_dict(self, sd: dict) -> None:
         self.opt.load_state_dict(sd)
 
-    def _micro_loss(self, micro, n_tok: int, stats: dict, weight: float = 1.0) -> torch.Tensor:
+    def _micro_loss(self, micro, n_tok: int, stats: dict, weight: float = 1.0, gap: dict | None = None) -> torch.Tensor:
         """Token-level clipped surrogate + entropy bonus + k3 KL of one micro-batch, normalised by the minibatch's
-        tokens; `weight` 0 makes a stand-in pass that adds nothing to the loss, the gradients or `stats`."""
+        tokens; `weight` 0 makes a stand-in pass that adds nothing to the loss, the gradients or `stats`. With `gap`
+        (passes before the first optimizer step) it also sums |trainer logprob - sampling logprob| over the tokens."""
         cfg = self.cfg
         seqs = [t.token_ids for t, _ in micro]
         start = first_scored([t.loss_mask for t, _ in micro])  # nothing before the first own token enters the loss
@@ -231,6 +236,10 @@ class GRPOTrainer:
         old = pad_to([t.logprobs for t, _ in micro], 0.0)
         adv = torch.tensor([a for _, a in micro], dtype=torch.float32, device=lp.device)[:, None].expand(-1, L)
         surr, clipped = clipped_surrogate(lp, old, adv, cfg.clip_low, cfg.clip_high)
+        if gap is not None:  # the training-inference gap: same weights, the engine's numerics vs the trainer's
+            d = (lp.detach() - old).abs() * (mask > 0)
+            gap.update(sum=gap["sum"] + float(d.sum()), n=gap["n"] + float((mask > 0).sum()),
+                       max=max(gap["max"], float(d.max())))
         loss_tok = -surr - cfg.entropy_coef * ent
         if self.ref is not None:
             with torch.no_grad():
@@ -246,7 +255,8 @@ class GRPOTrainer:
         "One GRPO update on (trajectory, advantage) pairs; returns loss, kl, clipfrac, grad_norm, entropy, tokens."
         cfg = self.cfg
         items = [(t, -a if cfg.flip_advantage else a) for t, a in items if t.n_generated > 0]
-        stats = dict(loss=0.0, kl=0.0, clipfrac=0.0, entropy=0.0, grad_norm=0.0, tokens=0)
+        stats = dict(loss=0.0, kl=0.0, clipfrac=0.0, entropy=0.0, grad_norm=0.0, tokens=0, logprob_gap=0.0,
+                     logprob_gap_max=0.0)
         if not items:
             return stats
         self.model.train()
@@ -268,17 +278,17 @@ class GRPOTrainer:
         cfg = self.cfg
         n_upd = max(1, min(cfg.updates_per_batch, len(items)))
         minibatches = [items[k::n_upd] for k in range(n_upd)]
-        sums = dict(loss=0.0, kl=0.0, clipfrac=0.0, entropy=0.0)
-        for mb in minibatches:
+        sums, gap = dict(loss=0.0, kl=0.0, clipfrac=0.0, entropy=0.0), dict(sum=0.0, n=0.0, max=0.0)
+        for u, mb in enumerate(minibatches):
             n_tok = sum(t.n_generated for t, _ in mb)  # every process sees every item, so this is the global count
             self.opt.zero_grad(set_to_none=True)
             for micro, weight in self._micro_batches(mb):
-                loss = self._micro_loss(micro, n_tok, sums, weight)
+                loss = self._micro_loss(micro, n_tok, sums, weight, gap if u == 0 else None)
                 (loss * self._loss_scale()).backward()
                 sums["loss"] += float(loss.detach()) / n_upd
             stats["grad_norm"] += self._clip_grads() / n_upd
             self.opt.step()
-        sums = self._sum(sums)
+        sums = self._sum({**sums, "gap_sum": gap["sum"], "gap_n": gap["n"]})
         total = sum(t.n_generated for t, _ in items)
         stats.update(
             loss=sums["loss"],
@@ -286,6 +296,8 @@ class GRPOTrainer:
             clipfrac=sums["clipfrac"] / total,
             entropy=sums["entropy"] / total,
             tokens=total,
+            logprob_gap=sums["gap_sum"] / max(sums["gap_n"], 1.0),
+            logprob_gap_max=self._max(gap["max"]),
         )
 
 # %% ../nbs/32_grpo.ipynb #3e380850

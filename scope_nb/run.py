@@ -448,7 +448,8 @@ def _update(run: Run, eps: list, row: dict, step: int):
                 "nothing of this step was saved (lower grpo.lr, or check the rewards)"
             )
         prefix = "train" if "agent" in run.plays[name] else "sim"
-        row.update({f"{prefix}/{k}": st[k] for k in ("entropy", "kl", "clipfrac", "grad_norm", "loss", "tokens")})
+        keys = ("entropy", "kl", "clipfrac", "grad_norm", "loss", "tokens", "logprob_gap", "logprob_gap_max")
+        row.update({f"{prefix}/{k}": st[k] for k in keys})
     row["time/train"] = time.perf_counter() - t0
 
 
