@@ -84,13 +84,14 @@ class SGLangEngine:
         raise SGLangError(f"{path}: {self.url} failed after {self.retries + 1} attempts ({last})")
 
     def generate(
-        self, prompts: list[list[int]], max_new_tokens: int, temperature: float, eos_ids, seed: int | None = None
+        self, prompts: list[list[int]], max_new_tokens: int, temperature: float, eos_ids, seed: int | None = None,
+        seeds: list[int] | None = None,
     ) -> list[Sample]:
         """Sample continuations of token-id prompts in one batched request. Prompts the engine aborts (HTTP 200 with
         finish_reason `abort`) are asked again, up to `retries` times, then raise (the rollout marks their episodes
         failed, never scored). `seed` gives prompt i `sampling_seed = seed + i`: SGLang honours it only when started
         with --enable-deterministic-inference, and one seed for a whole batch would make the G copies of a prompt
-        draw the same tokens there."""
+        draw the same tokens there. `seeds` gives each prompt its own (a policy's per-episode seeds)."""
         if not prompts:
             return []
         sp = {
@@ -103,7 +104,8 @@ class SGLangEngine:
         out: list = [None] * len(prompts)
         todo, why = list(range(len(prompts))), ""
         for attempt in range(self.retries + 1):
-            sps = [sp | {"sampling_seed": seed + i} for i in todo] if seed is not None else sp
+            per = seeds if seeds is not None else None if seed is None else [seed + i for i in range(len(prompts))]
+            sps = [sp | {"sampling_seed": per[i]} for i in todo] if per is not None else sp
             body = {"input_ids": [prompts[i] for i in todo], "sampling_params": sps, "return_logprob": True,
                     "logprob_start_len": -1}
             res = self._post("/generate", body)

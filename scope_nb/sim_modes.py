@@ -242,6 +242,18 @@ class Servers:
         srv = self.get(model)
         return ApiConfig(model=srv.model_name, base_url=srv.base_url, api_key_env=None, **kw)
 
+    def vllm(self, model: str, dtype: str = "float32", owner: str = "agent"):
+        """A `VLLMEngine` on `owner`'s vLLM server of `model` (started on first use, stopped by `close`): one per
+        speaker, since the engine serves that speaker's weights (a trained agent's pushes must not reach a frozen
+        simulator of the same model)."""
+        from scope_nb.vllm_engine import VLLMEngine, VLLMServer
+
+        key = f"vllm:{owner}:{model}:{dtype}"
+        if key not in self.servers:
+            self.servers[key] = VLLMServer(model, dtype=dtype).start()
+        srv = self.servers[key]
+        return VLLMEngine(srv.url, srv.name, sync_dir=srv.log_path.parent / "weights")
+
     def close(self):
         for s in self.servers.values():
             s.stop()

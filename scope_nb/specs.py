@@ -89,6 +89,11 @@ class SpeakerSettings(Settings):
         description="local policies: one generator per call (batch) or per episode (episode: results do not depend "
                     "on batching)",
     )
+    engine: Literal["local", "vllm"] = Field(
+        "local",
+        description="local policies: generate with transformers in this process (local) or on a vLLM server the run "
+        "starts for the model (vllm, 22_vllm; weights pushed after every update)",
+    )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32",
         description="weights of a local model (packaged, path or hub id): float32 on a CPU, bfloat16 on a GPU "
@@ -342,6 +347,15 @@ def build_speaker(
     sp = kind.build(spec, sec, env, name, seed, trainable, servers)
     if isinstance(sp, LocalPolicy):
         sp.episode_seeded = sec.seeding == "episode"
+    if getattr(sec, "engine", "local") == "vllm":
+        if not isinstance(sp, LocalPolicy) or spec == "tiny":
+            raise ValueError(
+                f"{name}.engine = 'vllm': needs a local HF model (a packaged name such as smollm2, a folder or a hub "
+                f"id); {spec!r} is a {kind.name} model: set engine = 'local'"
+            )
+        if servers is None:
+            raise ValueError(f"{name}.engine = 'vllm': the run loop starts the server; pass servers=Servers()")
+        sp.engine = servers.vllm(spec, sec.dtype, name)
     if kind.verbalizes(spec):
         sp.vs_format = kind.structured  # what vs.structured = 'auto' means for this speaker
     return sp

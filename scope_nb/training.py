@@ -225,7 +225,7 @@ class LocalPolicy(Speaker):
             s._add(new, 0, [0.0] * len(new))
             prompts.append(s.ids)
             texts.append(full)
-        gens = None
+        gens, seeds = None, None
         if self.history_seeded:  # the agent randomness ξπ of Eq. 6: fixed per group, independent across histories
             gens = [
                 torch.Generator().manual_seed(zlib.crc32(f"{self.seed}|{r.key.rsplit('/', 1)[0]}|{p}".encode()))
@@ -236,10 +236,12 @@ class LocalPolicy(Speaker):
                 torch.Generator().manual_seed(zlib.crc32(f"{self._step_seed}|{r.key}|{p}".encode()))
                 for r, p in zip(requests, prompts)
             ]
-        if (
-            self.engine is not None
-        ):  # a rollout engine (e.g. SGLang, 63_sglang): token ids in, token ids and logprobs out
-            samples = self.engine.generate(prompts, self.max_new_tokens, T, self.eos_ids)
+        if gens is not None:  # an engine gets the same per-request seeds as integers
+            seeds = [int(torch.randint(0, 2**31 - 1, (), generator=g)) for g in gens]
+        if self.engine is not None:  # a rollout engine (vLLM, SGLang): token ids in, token ids and logprobs out
+            if hasattr(self.engine, "sync"):
+                self.engine.sync(self)  # the engine serves this policy's current weights
+            samples = self.engine.generate(prompts, self.max_new_tokens, T, self.eos_ids, seeds=seeds)
         else:
             samples = sample_batch(
                 self.model, prompts, self.max_new_tokens, T, self.eos_ids, self.pad_id, self.generator, gens

@@ -217,11 +217,13 @@ class VLLMEngine:
     """HTTP client of one vLLM server: `generate` matches the `LocalPolicy.engine` contract; `adapter` names a loaded
     LoRA adapter to generate with (default: the base model, or the engine's `adapter` attribute)."""
 
-    def __init__(self, url: str, model: str, timeout: float = 600.0, retries: int = 2, backoff: float = 0.5):
+    def __init__(self, url: str, model: str, timeout: float = 600.0, retries: int = 2, backoff: float = 0.5,
+                 sync_dir=None):
         self.url, self.model, self.timeout = url.rstrip("/"), model, timeout
         self.retries, self.backoff = retries, backoff
         self.adapter: str | None = None
         self.calls: dict[str, int] = {}
+        self.sync_dir, self._synced = (Path(sync_dir).resolve() if sync_dir else None), None
 
     def _post(self, path: str, body: dict | None = None, retry: bool = True):
         "POST JSON; 5xx and dropped connections retried (if `retry`) with backoff; 4xx raise with the server's reason."
@@ -263,16 +265,18 @@ class VLLMEngine:
         return [parse_choice(c, eos_ids) for c in choices]
 
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, eos_ids,
-                 seed: int | None = None, adapter: str | None = None) -> list[Sample]:
+                 seed: int | None = None, adapter: str | None = None, seeds: list[int] | None = None) -> list[Sample]:
         """Sample continuations of token-id prompts. Unseeded: one batched request. Seeded: prompt i gets `seed + i`
-        in a request of its own (vLLM seeds a whole request alike), all sent at once."""
+        (or `seeds[i]`) in a request of its own (vLLM seeds a whole request alike), all sent at once."""
         if not prompts:
             return []
         model = adapter or self.adapter or self.model
-        if seed is None:
+        if seeds is None and seed is not None:
+            seeds = [seed + i for i in range(len(prompts))]
+        if seeds is None:
             return self._complete(prompts, max_new_tokens, temperature, eos_ids, None, model)
         with ThreadPoolExecutor(min(16, len(prompts))) as ex:
-            one = lambda i: self._complete([prompts[i]], max_new_tokens, temperature, eos_ids, seed + i, model)
+            one = lambda i: self._complete([prompts[i]], max_new_tokens, temperature, eos_ids, seeds[i], model)
             parts = ex.map(one, range(len(prompts)))
             return [s for p in parts for s in p]
 
@@ -294,6 +298,23 @@ class VLLMEngine:
             raise VLLMError(f"reload_weights from {p} failed and a failed reload kills vLLM's engine: restart the "
                             f"server ({e})") from None
         self.reset_prefix_cache()
+
+    def sync(self, policy) -> bool:
+        """Push `policy`'s weights when they changed since the last push (an optimizer step or a loaded checkpoint
+        bumps every parameter's in-place version counter); True if it pushed. Needs `sync_dir`."""
+        version = sum(p._version for p in policy.model.parameters())
+        if version == self._synced:
+            return False
+        if self.sync_dir is None:
+            raise VLLMError("VLLMEngine.sync: no sync_dir to save the policy's weights in; pass sync_dir=FOLDER")
+        tmp = self.sync_dir.with_name(self.sync_dir.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        policy.model.save_pretrained(tmp)
+        shutil.rmtree(self.sync_dir, ignore_errors=True)
+        os.replace(tmp, self.sync_dir)
+        self.update_weights_from_disk(self.sync_dir)
+        self._synced = version
+        return True
 
     def load_adapter(self, name: str, path) -> None:
         "Load (or replace in place) the peft LoRA adapter saved in `path` under `name`."

@@ -29,10 +29,10 @@ RUNS = {"single": ("rl-single", None), "ray": ("rl-single", ("torch", 1)),
 def config(name, arm):
     if arm == "self-play":
         return load_config(HERE_ROOT / "configs" / "echo_tiny.toml", [
-            "user.model=same", "user.train=true", "user.temperature=1.0", "run.steps=6", f"run.out_dir={out}", f"run.name={name}",
-            "agent.seeding=episode", "eval.every=3", "checkpoint.every=3"])
-    d = experiment_dicts("collapse-lab", "lab", (0,), f"{out}/{name}", [arm], steps=6)[0]
-    d["agent"]["seeding"] = "episode"; d["user"]["seeding"] = "episode"; d["eval"]["every"] = 3; d["checkpoint"]["every"] = 3
+            "user.model=same", "user.train=true", "user.temperature=1.0", "run.steps=4", f"run.out_dir={out}", f"run.name={name}",
+            "agent.seeding=episode", "eval.every=2", "checkpoint.every=2"])
+    d = experiment_dicts("collapse-lab", "lab", (0,), f"{out}/{name}", [arm], steps=4)[0]
+    d["agent"]["seeding"] = "episode"; d["user"]["seeding"] = "episode"; d["eval"]["every"] = 2; d["checkpoint"]["every"] = 2
     d["grpo"]["train_only"] = []   # every weight: the split trainers (FSDP2, megatron) shard and train all of them
     return validate(from_dict(Config, d))
 

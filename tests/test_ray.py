@@ -23,11 +23,13 @@ def test_ray_run_matches_single_process(tmp_path):
     rows = json.loads((tmp_path / "rows.json").read_text())
 
     def same(a_rows, b_rows, rel, abs_):
-        assert [x["step"] for x in a_rows] == [x["step"] for x in b_rows] == list(range(7))
+        assert [x["step"] for x in a_rows] == [x["step"] for x in b_rows] == list(range(5))
         for a, b in zip(a_rows, b_rows):
             assert set(a) == set(b), set(a) ^ set(b)
             for k in a:
-                if isinstance(a[k], float): assert math.isclose(a[k], b[k], rel_tol=rel, abs_tol=abs_), (a["step"], k, a[k], b[k])
+                if "logprob_gap" in k:   # pure float round-off, which depends on the trainer's summation order
+                    assert a[k] < 1e-4 and b[k] < 1e-4, (a["step"], k, a[k], b[k])
+                elif isinstance(a[k], float): assert math.isclose(a[k], b[k], rel_tol=rel, abs_tol=abs_), (a["step"], k, a[k], b[k])
                 else: assert a[k] == b[k], (a["step"], k)
     same(rows["single"], rows["ray"], 1e-6, 1e-9)
     single = rows["single"]

@@ -1,5 +1,6 @@
 """Real model: SmolLM2-135M-Instruct token streams and a 2-step GRPO smoke run with resume."""
 import subprocess, sys
+import pytest
 from pathlib import Path
 import torch
 from conftest import ROOT
@@ -36,21 +37,37 @@ def test_sampling_logprobs_match_trainer_recomputation():
     assert worst < 1e-4
 
 
-def test_smollm2_grpo_smoke_run_and_resume(tmp_path):
+def test_smollm2_grpo_smoke_run_on_vllm_and_resume(tmp_path, monkeypatch):
+    """SmolLM2 trained for 2 steps with its rollouts and evaluation on a vLLM server the run starts (weights pushed when
+    an update moved them; float32 gap < 1e-3), then resumed from its checkpoint by the CLI for a third step."""
+    from scope_nb.config import load_config
+    from scope_nb.run import train
+    from scope_nb.sim_modes import Servers
+    from scope_nb.vllm_engine import vllm_python
+    if vllm_python() is None:
+        pytest.fail("vLLM is not installed: `make venv` (scope vllm install) puts it in .venv/engines/vllm")
     cfg = str(ROOT / "configs" / "smoke_smollm2.toml")
-    base = ["--set", f"run.out_dir='{tmp_path}'", "--no-progress"]
-    r = subprocess.run([SCOPE, "train", cfg, *base], capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    run = tmp_path / "smoke-smollm2"
+    sets = [f"run.out_dir='{tmp_path}'", "agent.engine='vllm'"]
+    engines, real = [], Servers.vllm   # a spy on the real engine: which requests the run sent it
+    monkeypatch.setattr(Servers, "vllm", lambda self, *a, **k: engines.append(real(self, *a, **k)) or engines[-1])
+    run = train(load_config(cfg, sets), progress=False)
+    assert run == tmp_path / "smoke-smollm2"
     rows = read_metrics(run / "metrics.jsonl")
-    assert [x["step"] for x in rows] == [0, 1, 2]
+    assert [x["step"] for x in rows] == [0, 1, 2] and len(engines) == 1
     assert all(rows[s]["train/tokens"] > 0 and rows[s]["train/entropy"] > 0 for s in (1, 2))
+    assert all(0 < rows[s]["train/logprob_gap_max"] < 1e-3 for s in (1, 2)), rows   # float32 engine and trainer
     assert "eval/mean" in rows[0] and "eval/mean" in rows[2]
+    calls = engines[0].calls
+    assert calls["/v1/completions"] >= 4   # the step-0 and step-2 evaluations and two steps of rollouts
+    # pushed before the first generation and whenever an update had moved the weights: at most once per version
+    assert 2 <= calls["/collective_rpc"] <= 3 and calls["/reset_prefix_cache"] >= calls["/collective_rpc"], calls
     assert sorted(p.name for p in (run / "trajectories").iterdir()) == ["step_000001.jsonl", "step_000002.jsonl"]
     step, folder = latest_checkpoint(run)
     assert step == 2 and (folder / "agent" / "model.safetensors").exists() and (folder / "agent" / "optimizer.pt").exists()
+    base = ["--set", f"run.out_dir='{tmp_path}'", "--no-progress"]
     r = subprocess.run([SCOPE, "train", cfg, *base, "--resume", "--set", "run.steps=3", "--set", "eval.every=10"],
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = read_metrics(run / "metrics.jsonl")
     assert [x["step"] for x in rows] == [0, 1, 2, 3] and latest_checkpoint(run)[0] == 3
+    assert 0 < rows[3]["train/logprob_gap_max"] < 1e-3   # the resumed run pushed the checkpoint's weights first

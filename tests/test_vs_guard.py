@@ -89,14 +89,14 @@ def endpoint():
 def test_simulate_vs_never_enters_a_vs_answer_raw(tmp_path, endpoint):
     out = tmp_path / "svs"
     p = subprocess.run([str(Path(sys.executable).parent / "scope"), "simulate-vs", "--env", "ask", "--agent", "api:agent",
-                        "--sim", "api:user", "--base-url", endpoint.url, "--episodes", "400", "--out", str(out),
+                        "--sim", "api:user", "--base-url", endpoint.url, "--episodes", "200", "--out", str(out),
                         "--max-new-tokens", "32", "--attempts", "2", "--api-key-env", ""], capture_output=True, text=True, timeout=1800)
     assert p.returncode == 0, p.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     print(json.dumps({k: summary[k] for k in ("turns", "turn_counts", "guard", "status")}), endpoint.counts)
     eps = [json.loads(l) for l in (out / "episodes.jsonl").read_text().splitlines()]
     user_turns = [t["message"]["content"] for e in eps for t in e["conversation"]["turns"] if t["speaker"] == "user"]
-    assert summary["turns"] >= 500 and len(user_turns) >= 400
+    assert summary["turns"] >= 250 and len(user_turns) >= 200
     assert [t for t in user_turns if leaks(t)] == []
     counts = summary["turn_counts"]
     assert counts["drawn"] > 0 and counts["retried"] > 0 and counts["failed"] > 0     # every path was exercised
