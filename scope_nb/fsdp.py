@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib, copy, os
 import torch
 import torch.distributed as dist
-from .grpo import GRPOConfig, GRPOTrainer, enable_checkpointing
+from .grpo import GRPOConfig, GRPOTrainer, enable_checkpointing, is_lora
 from .training import LocalPolicy
 
 # %% auto #0
@@ -49,6 +49,9 @@ class FSDPTrainer(GRPOTrainer):
             raise ValueError(
                 "grpo.train_only: only the single-process trainer (--trainer torch) trains a subset of parameters"
             )
+        if is_lora(policy.model):
+            raise ValueError("lora.rank > 0: LoRA adapters train with the single-process trainer (--trainer torch); "
+                             "set lora.rank = 0 for FSDP")
         self.ref = copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
         if cfg.gradient_checkpointing:
             enable_checkpointing(self.model, False)  # checked here; GRPOTrainer.step switches it on for each update

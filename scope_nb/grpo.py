@@ -4,7 +4,7 @@
 
 # %% ../nbs/32_grpo.ipynb #c086bc29
 from __future__ import annotations
-import contextlib, copy
+import contextlib, copy, math
 from typing import Literal
 import numpy as np
 import torch
@@ -14,7 +14,7 @@ from .training import LocalPolicy, first_scored, token_logprobs
 
 # %% auto #0
 __all__ = ['ADVANTAGES', 'group_advantages', 'k3_kl', 'clipped_surrogate', 'GRPOConfig', 'freeze_except', 'enable_checkpointing',
-           'GRPOTrainer', 'role_items', 'group_stats']
+           'GRPOTrainer', 'role_items', 'group_stats', 'LoraSettings', 'is_lora', 'apply_lora']
 
 # %% ../nbs/32_grpo.ipynb #b2629d38
 ADVANTAGES = ("zscore", "mean", "raw")
@@ -88,6 +88,13 @@ class GRPOConfig(Settings):
         "(master weights; fsdp: FSDP2's MixedPrecisionPolicy, torch: autocast); none: all float32. With lr 1e-6 "
         "bfloat16 weights could not move at all (its step is 2^-8 of a weight)",
     )
+    tis_cap: float = Field(
+        0.0,
+        ge=0,
+        description="truncated importance sampling for an engine whose numerics differ from the trainer's (bf16 "
+        "vLLM/SGLang): the ratio is taken against the trainer's own logprobs before the update and each token's "
+        "policy-gradient term is weighted by min(π_trainer/π_engine, tis_cap); 0 turns it off, 2 is a common cap",
+    )
     gradient_checkpointing: bool = Field(
         False,
         description="recompute each layer's activations in the backward pass: less activation memory, more compute, "
@@ -144,6 +151,8 @@ def enable_checkpointing(model, on: bool = True) -> None:
 class GRPOTrainer:
     "GRPO for one local policy: AdamW, frozen reference for the k3 KL, micro-batched token-level loss."
 
+    base_ref = False  # True: the KL reference is the LoRA policy's base (adapters off) rather than a copy
+
     def __init__(self, policy: LocalPolicy, cfg: GRPOConfig, temperature: float = 1.0):
         self.policy, self.cfg, self.temperature = policy, cfg, temperature
         self.model = policy.model
@@ -151,7 +160,10 @@ class GRPOTrainer:
             freeze_except(self.model, cfg.train_only)
         if cfg.gradient_checkpointing:  # checked here, switched on around each update (`step`)
             enable_checkpointing(self.model, False)
-        self.ref = copy.deepcopy(self.model).eval().requires_grad_(False) if cfg.kl_coef > 0 else None
+        # the KL reference: a frozen copy of the initial weights; a LoRA policy's is its base with the adapters off
+        self.base_ref = cfg.kl_coef > 0 and is_lora(self.model)
+        copy_ref = cfg.kl_coef > 0 and not self.base_ref
+        self.ref = copy.deepcopy(self.model).eval().requires_grad_(False) if copy_ref else None
         self.opt = self._optimizer()
 
     def _optimizer(self):
@@ -219,10 +231,13 @@ class GRPOTrainer:
     def load_opt_state_dict(self, sd: dict) -> None:
         self.opt.load_state_dict(sd)
 
-    def _micro_loss(self, micro, n_tok: int, stats: dict, weight: float = 1.0, gap: dict | None = None) -> torch.Tensor:
+    def _micro_loss(self, micro, n_tok: int, stats: dict, weight: float = 1.0, gap: dict | None = None,
+                    before: list | None = None) -> torch.Tensor:
         """Token-level clipped surrogate + entropy bonus + k3 KL of one micro-batch, normalised by the minibatch's
         tokens; `weight` 0 makes a stand-in pass that adds nothing to the loss, the gradients or `stats`. With `gap`
-        (passes before the first optimizer step) it also sums |trainer logprob - sampling logprob| over the tokens."""
+        (passes before the first optimizer step) it also sums |trainer logprob - sampling logprob| over the tokens.
+        With `grpo.tis_cap`, `before` holds the trainer's logprobs of these sequences from before the update (None:
+        the weights have not moved yet, so they are this pass's own)."""
         cfg = self.cfg
         seqs = [t.token_ids for t, _ in micro]
         start = first_scored([t.loss_mask for t, _ in micro])  # nothing before the first own token enters the loss
@@ -235,15 +250,24 @@ class GRPOTrainer:
         mask = pad_to([t.loss_mask for t, _ in micro], 0) * weight
         old = pad_to([t.logprobs for t, _ in micro], 0.0)
         adv = torch.tensor([a for _, a in micro], dtype=torch.float32, device=lp.device)[:, None].expand(-1, L)
-        surr, clipped = clipped_surrogate(lp, old, adv, cfg.clip_low, cfg.clip_high)
+        if cfg.tis_cap > 0:  # truncated importance sampling: the ratio against the trainer, the engine as a weight
+            base = lp.detach() if before is None else pad_to(before, 0.0)
+            w = torch.clamp(torch.exp(base - old), max=cfg.tis_cap)
+            surr, clipped = clipped_surrogate(lp, base, adv, cfg.clip_low, cfg.clip_high)
+            surr = surr * w
+            stats["tis_weight"] += float((w * mask).sum())
+            stats["tis_capped"] += float(((base - old) > math.log(cfg.tis_cap)).float().mul(mask).sum())
+        else:
+            surr, clipped = clipped_surrogate(lp, old, adv, cfg.clip_low, cfg.clip_high)
         if gap is not None:  # the training-inference gap: same weights, the engine's numerics vs the trainer's
             d = (lp.detach() - old).abs() * (mask > 0)
             gap.update(sum=gap["sum"] + float(d.sum()), n=gap["n"] + float((mask > 0).sum()),
                        max=max(gap["max"], float(d.max())))
         loss_tok = -surr - cfg.entropy_coef * ent
-        if self.ref is not None:
-            with torch.no_grad():
-                ref_lp, _, _ = self._logprobs(self.ref, seqs, with_entropy=False, start=start)
+        if self.ref is not None or self.base_ref:
+            off = self.model.disable_adapter() if self.base_ref else contextlib.nullcontext()
+            with torch.no_grad(), off:
+                ref_lp, _, _ = self._logprobs(self.ref or self.model, seqs, with_entropy=False, start=start)
             kl = k3_kl(lp, ref_lp)
             loss_tok = loss_tok + cfg.kl_coef * kl
             stats["kl"] += float((kl.detach() * mask).sum())
@@ -256,7 +280,7 @@ class GRPOTrainer:
         cfg = self.cfg
         items = [(t, -a if cfg.flip_advantage else a) for t, a in items if t.n_generated > 0]
         stats = dict(loss=0.0, kl=0.0, clipfrac=0.0, entropy=0.0, grad_norm=0.0, tokens=0, logprob_gap=0.0,
-                     logprob_gap_max=0.0)
+                     logprob_gap_max=0.0, tis_weight=0.0, tis_capped=0.0)
         if not items:
             return stats
         self.model.train()
@@ -278,12 +302,15 @@ class GRPOTrainer:
         cfg = self.cfg
         n_upd = max(1, min(cfg.updates_per_batch, len(items)))
         minibatches = [items[k::n_upd] for k in range(n_upd)]
-        sums, gap = dict(loss=0.0, kl=0.0, clipfrac=0.0, entropy=0.0), dict(sum=0.0, n=0.0, max=0.0)
+        sums = dict(loss=0.0, kl=0.0, clipfrac=0.0, entropy=0.0, tis_weight=0.0, tis_capped=0.0)
+        gap = dict(sum=0.0, n=0.0, max=0.0)
+        before = self._scores_before(minibatches[1:]) if cfg.tis_cap > 0 else {}
         for u, mb in enumerate(minibatches):
             n_tok = sum(t.n_generated for t, _ in mb)  # every process sees every item, so this is the global count
             self.opt.zero_grad(set_to_none=True)
             for micro, weight in self._micro_batches(mb):
-                loss = self._micro_loss(micro, n_tok, sums, weight, gap if u == 0 else None)
+                b = [before[id(t)] for t, _ in micro] if u > 0 and before else None
+                loss = self._micro_loss(micro, n_tok, sums, weight, gap if u == 0 else None, b)
                 (loss * self._loss_scale()).backward()
                 sums["loss"] += float(loss.detach()) / n_upd
             stats["grad_norm"] += self._clip_grads() / n_upd
@@ -298,7 +325,23 @@ class GRPOTrainer:
             tokens=total,
             logprob_gap=sums["gap_sum"] / max(sums["gap_n"], 1.0),
             logprob_gap_max=self._max(gap["max"]),
+            tis_weight=sums["tis_weight"] / total,
+            tis_capped=sums["tis_capped"] / total,
         )
+
+    @torch.no_grad()
+    def _scores_before(self, minibatches: list) -> dict:
+        """The trainer's logprobs of every sequence in `minibatches` under the weights before the update (id of the
+        trajectory -> per-token list), for `tis_cap` with several minibatches; every rank runs the same passes."""
+        out = {}
+        for mb in minibatches:
+            for micro, _ in self._micro_batches(mb):
+                seqs = [t.token_ids for t, _ in micro]
+                start = first_scored([t.loss_mask for t, _ in micro])
+                lp, _, _ = self._logprobs(self.model, seqs, with_entropy=False, start=start)
+                for (t, _), row in zip(micro, lp):
+                    out[id(t)] = row[: len(t.token_ids)].tolist()
+        return out
 
 # %% ../nbs/32_grpo.ipynb #3e380850
 def role_items(
@@ -343,3 +386,49 @@ def group_stats(groups, success: float = 1.0, failure: float = 0.0) -> dict:
         frac_all_success=sum(all(x >= success for x in r) for r, _ in groups) / n,
         frac_all_failure=sum(all(x <= failure for x in r) for r, _ in groups) / n,
     )
+
+# %% ../nbs/32_grpo.ipynb #f9de6787
+class LoraSettings(Settings):
+    """The `[agent.lora]` / `[user.lora]` table: train peft LoRA adapters instead of every weight (rank 0: every
+    weight, the paper's)."""
+
+    rank: int = Field(0, ge=0, le=1024, description="LoRA rank r; 0 trains every weight (no adapters)")
+    alpha: float = Field(16.0, gt=0, description="LoRA α: the adapters' update is scaled by α / r")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        min_length=1,
+        description="names of the linear modules that get adapters (Llama/Qwen/SmolLM2 attention projections by "
+        "default); ['all-linear'] for every linear layer but the output head",
+    )
+    dropout: float = Field(
+        0.0, ge=0, lt=1, description="dropout on the adapters' input while training (0: the trainer scores tokens as "
+        "the engine that sampled them does)"
+    )
+
+
+def is_lora(model) -> bool:
+    "Whether `model` is a peft model (LoRA adapters over a frozen base)."
+    return hasattr(model, "peft_config") and hasattr(model, "disable_adapter")
+
+
+def apply_lora(policy: LocalPolicy, lora: LoraSettings) -> LocalPolicy:
+    """Wrap `policy`'s model in LoRA adapters (B = 0: the policy is unchanged until its first update); only the
+    adapters stay trainable. Rank 0 leaves the policy as it is."""
+    if lora.rank == 0:
+        return policy
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError:
+        raise ImportError("LoRA needs peft: pip install 'scope_nb[lora]'") from None
+    names = {n.rsplit(".", 1)[-1] for n, m in policy.model.named_modules() if isinstance(m, torch.nn.Linear)}
+    wanted = "all-linear" if list(lora.target_modules) == ["all-linear"] else list(lora.target_modules)
+    missing = [] if wanted == "all-linear" else sorted(set(wanted) - names)
+    if missing:
+        raise ValueError(
+            f"lora.target_modules: {', '.join(missing)} name no linear module of the model; it has "
+            f"{', '.join(sorted(names))} (or use ['all-linear'])"
+        )
+    cfg = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=wanted, lora_dropout=lora.dropout,
+                     bias="none", task_type="CAUSAL_LM")
+    policy.model = get_peft_model(policy.model, cfg)
+    return policy

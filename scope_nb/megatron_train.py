@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from .fsdp import group_device
-from .grpo import GRPOConfig, GRPOTrainer
+from .grpo import GRPOConfig, GRPOTrainer, is_lora
 from .megatron import gpt_model_kwargs, hf_to_megatron, megatron_config_kwargs, megatron_to_hf
 from .training import LocalPolicy, pad_right, scores_from_logits
 
@@ -211,6 +211,9 @@ class MegatronTrainer(GRPOTrainer):
         self.rank = dist.get_rank()
         self.policy, self.cfg, self.temperature = policy, cfg, temperature
         self.hf_config = policy.model.config
+        if is_lora(policy.model):
+            raise ValueError("lora.rank > 0: LoRA adapters train with the single-process trainer (--trainer torch); "
+                             "set lora.rank = 0 for megatron")
         if cfg.train_only:
             raise ValueError(
                 "grpo.train_only: only the single-process trainer (--trainer torch) trains a subset of parameters"

@@ -158,8 +158,17 @@ def load_checkpoint(folder: Path, trainers: dict):
     """Load weights and optimizer state of each trainer from a checkpoint folder (reference models stay at the initial
     weights)."""
     for name, tr in trainers.items():
-        fresh = type(tr.policy.model).from_pretrained(folder / name, dtype=next(tr.policy.model.parameters()).dtype)
-        tr.policy.model.load_state_dict(fresh.state_dict())
+        model = tr.policy.model
+        if hasattr(model, "peft_config"):  # a LoRA policy's checkpoint is its adapter (32_grpo); the base is fixed
+            from peft import set_peft_model_state_dict
+            from safetensors.torch import load_file
+
+            res = set_peft_model_state_dict(model, load_file(folder / name / "adapter_model.safetensors"))
+            if getattr(res, "unexpected_keys", None):
+                raise ValueError(f"{folder / name}: adapter keys the policy does not have: {res.unexpected_keys[:3]}")
+        else:
+            fresh = type(model).from_pretrained(folder / name, dtype=next(model.parameters()).dtype)
+            model.load_state_dict(fresh.state_dict())
         tr.opt.load_state_dict(torch.load(folder / name / "optimizer.pt", weights_only=True))
 
 # %% ../nbs/37_run.ipynb #26a5d853
@@ -449,6 +458,7 @@ def _update(run: Run, eps: list, row: dict, step: int):
             )
         prefix = "train" if "agent" in run.plays[name] else "sim"
         keys = ("entropy", "kl", "clipfrac", "grad_norm", "loss", "tokens", "logprob_gap", "logprob_gap_max")
+        keys += ("tis_weight", "tis_capped") if cfg.grpo.tis_cap > 0 else ()  # truncated IS (32_grpo)
         row.update({f"{prefix}/{k}": st[k] for k in keys})
     row["time/train"] = time.perf_counter() - t0
 

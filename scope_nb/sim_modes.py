@@ -177,6 +177,17 @@ class CheckpointPool:
         return self.root / entry["path"]
 
 
+def _adapter_copy(model, folder):
+    "A frozen copy of LoRA `model` holding the adapter saved in `folder` (a pool entry generated locally)."
+    import copy
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    m = copy.deepcopy(model).eval()
+    set_peft_model_state_dict(m, load_file(Path(folder) / "adapter_model.safetensors"))
+    return m.requires_grad_(False)
+
+
 class PoolSpeaker(Speaker):
     "The user played by a pool checkpoint drawn per step; `current` is the simulator being trained on those turns."
 
@@ -197,8 +208,18 @@ class PoolSpeaker(Speaker):
         if self.entry is None:
             self.entry = self.pool.sample(np.random.default_rng([self.seed, 17]), self.sampling)
         if self._loaded != self.entry["id"]:
-            model = type(self.current.model).from_pretrained(self.pool.path(self.entry)).eval()
-            c = self.current
+            c, path = self.current, self.pool.path(self.entry)
+            served = None
+            if hasattr(c.model, "peft_config"):  # a LoRA simulator's entries are adapters over its base (32_grpo)
+                engine = getattr(c, "engine", None)
+                if engine is not None and hasattr(engine, "view"):  # on vLLM: the entry as a named adapter, no copy
+                    name = f"{c.name}_pool{self.entry['id']}"
+                    engine.load_adapter(name, path)
+                    model, served = c.model, engine.view(name)
+                else:
+                    model = _adapter_copy(c.model, path)
+            else:
+                model = type(c.model).from_pretrained(path).eval()
             self._opponent = type(c)(
                 model,
                 c.tok,
@@ -209,8 +230,10 @@ class PoolSpeaker(Speaker):
             )
             self._opponent.episode_seeded = c.episode_seeded  # the user's `seeding` holds for pool opponents too
             if self.engine is not None:
-                self.engine.update_weights_from_disk(self.pool.path(self.entry))
+                self.engine.update_weights_from_disk(path)
                 self._opponent.engine = self.engine
+            elif served is not None:
+                self._opponent.engine = served
             self._loaded = self.entry["id"]
         self._opponent.reseed(self.seed)
         return self._opponent
@@ -242,17 +265,24 @@ class Servers:
         srv = self.get(model)
         return ApiConfig(model=srv.model_name, base_url=srv.base_url, api_key_env=None, **kw)
 
-    def vllm(self, model: str, dtype: str = "float32", owner: str = "agent"):
+    def vllm(self, model: str, dtype: str = "float32", owner: str = "agent", lora_rank: int = 0):
         """A `VLLMEngine` on `owner`'s vLLM server of `model` (started on first use, stopped by `close`): one per
         speaker, since the engine serves that speaker's weights (a trained agent's pushes must not reach a frozen
-        simulator of the same model)."""
+        simulator of the same model). `lora_rank` > 0: the server takes LoRA adapters up to that rank."""
         from scope_nb.vllm_engine import VLLMEngine, VLLMServer
 
-        key = f"vllm:{owner}:{model}:{dtype}"
+        # LoRA owners of one base model share a server (each pushes its own adapter); full-weight owners get their own
+        key = f"vllm:lora:{model}:{dtype}" if lora_rank else f"vllm:{owner}:{model}:{dtype}"
         if key not in self.servers:
-            self.servers[key] = VLLMServer(model, dtype=dtype).start()
+            ranks = [r for r in (1, 8, 16, 32, 64, 128, 256, 320, 512) if r >= lora_rank]  # vLLM's allowed maxima
+            if not ranks:
+                raise ValueError(f"{owner}.lora.rank = {lora_rank}: vLLM serves LoRA ranks up to 512")
+            self.servers[key] = VLLMServer(model, dtype=dtype, lora_rank=ranks[0] if lora_rank else 0).start()
         srv = self.servers[key]
-        return VLLMEngine(srv.url, srv.name, sync_dir=srv.log_path.parent / "weights")
+        if lora_rank > srv.lora_rank:
+            raise ValueError(f"{owner}.lora.rank = {lora_rank}: the vLLM server of {model} it shares was started for "
+                             f"ranks up to {srv.lora_rank}; give both roles ranks in the same step of 8, 16, 32, ...")
+        return VLLMEngine(srv.url, srv.name, sync_dir=srv.log_path.parent / f"weights_{owner}")
 
     def close(self):
         for s in self.servers.values():

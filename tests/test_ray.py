@@ -34,8 +34,10 @@ def test_ray_run_matches_single_process(tmp_path):
     same(rows["single"], rows["ray"], 1e-6, 1e-9)
     single = rows["single"]
     assert any(x.get("train/loss") for x in single) and single[-1]["eval/mean"] is not None
-    # split trainers differ from one process only in float summation order (~1e-7), so sampled episodes are identical
-    for kind in ("cot-fsdp", "cot-megatron"): same(rows["cot-single"], rows[kind], 1e-4, 1e-6)
+    # split trainers differ from one process only in float summation order (~1e-7 in a gradient); Adam divides by
+    # sqrt(v), which turns that into differences of up to ~lr in near-zero gradient coordinates, so float metrics drift
+    # to ~1e-4 relative by step 4 (measured 1.0e-4 in train/kl) while the sampled episodes stay identical
+    for kind in ("cot-fsdp", "cot-megatron"): same(rows["cot-single"], rows[kind], 1e-3, 1e-6)
     visible = json.loads((tmp_path / "visible.json").read_text())   # pinned ranks (agent 0-1, simulator 2-3) kept their GPUs
     assert visible["cot-fsdp"] == ["0", "1", "2", "3"], visible
     assert visible["ray"] == [os.environ.get("CUDA_VISIBLE_DEVICES")], visible   # unpinned: whatever Ray gave (none here)

@@ -71,3 +71,37 @@ def test_smollm2_grpo_smoke_run_on_vllm_and_resume(tmp_path, monkeypatch):
     rows = read_metrics(run / "metrics.jsonl")
     assert [x["step"] for x in rows] == [0, 1, 2, 3] and latest_checkpoint(run)[0] == 3
     assert 0 < rows[3]["train/logprob_gap_max"] < 1e-3   # the resumed run pushed the checkpoint's weights first
+
+
+def test_lora_population_co_training_on_one_vllm_engine(tmp_path, monkeypatch):
+    """Population Co-Training with LoRA on both seats (SmolLM2): one vLLM server holds the base model, the agent's
+    adapter (pushed after each update, float32 gap < 1e-3) and the simulator's pool entries, each drawn by name;
+    checkpoints hold adapters only."""
+    from scope_nb.config import load_config
+    from scope_nb.run import train
+    from scope_nb.sim_modes import Servers
+    from scope_nb.vllm_engine import VLLMEngine, vllm_python
+    if vllm_python() is None:
+        pytest.fail("vLLM is not installed: `make venv` (scope vllm install) puts it in .venv/engines/vllm")
+    engines, real = [], Servers.vllm
+    monkeypatch.setattr(Servers, "vllm", lambda self, *a, **k: engines.append(real(self, *a, **k)) or engines[-1])
+    asked, complete = [], VLLMEngine._complete   # which model or adapter each generation request named
+    monkeypatch.setattr(VLLMEngine, "_complete", lambda self, *a: asked.append(a[-1]) or complete(self, *a))
+    sets = [f"run.out_dir='{tmp_path}'", "run.name='lora-pool'", "grpo.lr=1e-4", "eval.every=10",
+            "agent.engine='vllm'", "agent.lora.rank=8", "agent.lora.alpha=16",
+            "user.train=true", "user.engine='vllm'", "user.lora.rank=8", "user.lora.alpha=16",
+            "user.mode='pool'", "user.pool.size=3", "user.pool.every=1", "user.pool.sampling='latest'"]
+    run = train(load_config(str(ROOT / "configs" / "smoke_smollm2.toml"), sets), progress=False)
+    rows = read_metrics(run / "metrics.jsonl")
+    assert [x["step"] for x in rows] == [0, 1, 2]
+    assert len(engines) == 2 and len({e.url for e in engines}) == 1   # agent and simulator: one server
+    assert all(0 < rows[s]["train/logprob_gap_max"] < 1e-3 for s in (1, 2)), rows
+    assert all(rows[s]["sim/tokens"] > 0 and rows[s]["sim/grad_norm"] > 0 for s in (1, 2))
+    # the agent generates with its adapter; the simulator's turns come from pool entries by name: step 1 the initial
+    # entry 0, step 2 (sampling 'latest') entry 1, added after step 1
+    assert "agent" in asked and "user_pool0" in asked and "user_pool1" in asked and "smollm2" not in asked, asked
+    pool = sorted(p.name for p in (run / "pool").iterdir() if p.name.startswith("entry_"))
+    assert len(pool) == 3 and all((run / "pool" / p / "adapter_model.safetensors").exists() for p in pool)
+    step, folder = latest_checkpoint(run)
+    for role in ("agent", "user"):
+        assert (folder / role / "adapter_model.safetensors").exists() and not (folder / role / "model.safetensors").exists()

@@ -31,12 +31,12 @@ def _gap(model, prompt, sample, T=1.0):
     return max(abs(float(lp[0][len(prompt) + j]) - sample.logprobs[j]) for j in range(len(sample.ids)))
 
 
-def _perturbed(lm, folder, scale=0.05):
+def _perturbed(lm, folder, scale=0.05, key="mlp"):
     m = copy.deepcopy(lm.model)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for n, p in m.named_parameters():
-            if "mlp" in n:
+            if key in n:
                 p.add_(torch.randn(p.shape, generator=g) * scale)
     m.save_pretrained(folder)
     lm.tokenizer.save_pretrained(folder)
@@ -56,6 +56,23 @@ def test_sampling_logprobs_match_the_trainer_and_seeds(served):
     assert [s.ids for s in a] == [s.ids for s in b]
     assert len({tuple(s.ids) for s in a}) > 1, [s.ids for s in a]
     assert eng.calls["/v1/completions"] == 1 + 8
+
+
+def test_tied_embeddings_reach_the_engine_output_head_too(served, tmp_path):
+    """vLLM 0.32.0 loses a tie on an in-place reload (new embeddings, old output head); the engine is served an untied
+    copy, so moving SmolLM2's tied embeddings moves the engine's head as well, and the reverse update restores it."""
+    lm, srv, eng = served
+    assert srv.folder.name.endswith("-untied") and lm.model.lm_head.weight is lm.model.model.embed_tokens.weight
+    prompts = [_ids(lm, t) for t in ("The capital of France is", "A short poem about rain:", "def add(a, b):")]
+    new = _perturbed(lm, tmp_path / "embeddings", scale=0.02, key="embed_tokens")   # saved tied, as HF saves it
+    eng.update_weights_from_disk(tmp_path / "embeddings")
+    samples = eng.generate(prompts, 12, 1.0, [2])
+    moved = max(_gap(new, p, s) for p, s in zip(prompts, samples))
+    before = max(_gap(lm.model, p, s) for p, s in zip(prompts, samples))
+    eng.update_weights_from_disk(lm.path)
+    samples = eng.generate(prompts, 12, 1.0, [2])
+    back = max(_gap(lm.model, p, s) for p, s in zip(prompts, samples))
+    assert moved < 1e-3 < before and back < 1e-3, (moved, before, back)
 
 
 def test_weight_update_in_place_and_no_stale_prefix_cache(served, tmp_path):
