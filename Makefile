@@ -83,7 +83,7 @@ test-slow: venv
 ## bench: every bench/ script side by side in one run each; each prints a table and a last line with its headline ratio
 bench: venv
 	$(PIP) install -q -e '.[bench]'
-	@t0=$$(date +%s); for s in engine_overhead api_vs sim_server lab_cost grpo_vs_trl model_load shop_step; do \
+	@t0=$$(date +%s); for s in engine_overhead api_vs sim_server lab_cost grpo_vs_trl model_load shop_step lora; do \
 	  t=$$(date +%s); echo "== bench/bench_$$s.py"; $(PY) bench/bench_$$s.py || exit 1; \
 	  echo "(bench_$$s.py: $$(( $$(date +%s) - t )) s)"; done; echo "make bench: $$(( $$(date +%s) - t0 )) s in all"
 

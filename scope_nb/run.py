@@ -258,10 +258,11 @@ def build_panel(cfg: Config, env: Env, agent: Speaker, user: Speaker, servers: S
             panel.append((entry, agent))
             continue
         reuse = entry.model == cfg.user.model and not cfg.user.train
+        frozen = cfg.user.model_copy(update={"lora": type(cfg.user.lora)()})  # panel simulators are never trained
         sim = (
             user
             if reuse
-            else build_speaker(entry.model, cfg.user, env, f"eval-{entry.name}", cfg.run.seed + 100 + j, False, servers)
+            else build_speaker(entry.model, frozen, env, f"eval-{entry.name}", cfg.run.seed + 100 + j, False, servers)
         )
         panel.append((entry, sim))
     return panel

@@ -265,12 +265,18 @@ class Servers:
         srv = self.get(model)
         return ApiConfig(model=srv.model_name, base_url=srv.base_url, api_key_env=None, **kw)
 
-    def vllm(self, model: str, dtype: str = "float32", owner: str = "agent", lora_rank: int = 0):
+    def vllm(self, model: str, dtype: str = "float32", owner: str = "agent", lora_rank: int = 0,
+             frozen: bool = False):
         """A `VLLMEngine` on `owner`'s vLLM server of `model` (started on first use, stopped by `close`): one per
         speaker, since the engine serves that speaker's weights (a trained agent's pushes must not reach a frozen
-        simulator of the same model). `lora_rank` > 0: the server takes LoRA adapters up to that rank."""
+        simulator of the same model). `lora_rank` > 0: the server takes LoRA adapters up to that rank, and is shared by
+        every LoRA owner of that model. A `frozen` speaker of a model already served for LoRA owners generates from
+        that server's base, which no push ever changes."""
         from scope_nb.vllm_engine import VLLMEngine, VLLMServer
 
+        lora_key = f"vllm:lora:{model}:{dtype}"
+        if frozen and not lora_rank and lora_key in self.servers:
+            return VLLMEngine(self.servers[lora_key].url, self.servers[lora_key].name).view(None)
         # LoRA owners of one base model share a server (each pushes its own adapter); full-weight owners get their own
         key = f"vllm:lora:{model}:{dtype}" if lora_rank else f"vllm:{owner}:{model}:{dtype}"
         if key not in self.servers:

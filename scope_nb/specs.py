@@ -365,7 +365,8 @@ def build_speaker(
             )
         if servers is None:
             raise ValueError(f"{name}.engine = 'vllm': the run loop starts the server; pass servers=Servers()")
-        sp.engine = servers.vllm(spec, sec.dtype, name, lora_rank=getattr(sec, "lora", None) and sec.lora.rank or 0)
+        rank = getattr(sec, "lora", None) and sec.lora.rank or 0
+        sp.engine = servers.vllm(spec, sec.dtype, name, lora_rank=rank, frozen=not trainable)
     if kind.verbalizes(spec):
         sp.vs_format = kind.structured  # what vs.structured = 'auto' means for this speaker
     return sp

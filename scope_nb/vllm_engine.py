@@ -382,9 +382,9 @@ class VLLMEngine:
         self._synced = version
         return True
 
-    def view(self, adapter: str) -> "VLLMEngine":
-        """A client of the same server that generates with the loaded adapter `adapter` and never pushes weights (a
-        frozen policy on a shared engine, e.g. a pool entry)."""
+    def view(self, adapter: str | None) -> "VLLMEngine":
+        """A client of the same server that generates with the loaded adapter `adapter` (None: the base model) and
+        never pushes weights: a frozen policy on a shared engine, e.g. a pool entry."""
         v = copy.copy(self)
         v.adapter, v.sync_dir, v.frozen = adapter, None, True
         return v

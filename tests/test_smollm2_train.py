@@ -1,5 +1,5 @@
 """Real model: SmolLM2-135M-Instruct token streams and a 2-step GRPO smoke run with resume."""
-import subprocess, sys
+import math, subprocess, sys
 import pytest
 from pathlib import Path
 import torch
@@ -75,8 +75,8 @@ def test_smollm2_grpo_smoke_run_on_vllm_and_resume(tmp_path, monkeypatch):
 
 def test_lora_population_co_training_on_one_vllm_engine(tmp_path, monkeypatch):
     """Population Co-Training with LoRA on both seats (SmolLM2): one vLLM server holds the base model, the agent's
-    adapter (pushed after each update, float32 gap < 1e-3) and the simulator's pool entries, each drawn by name;
-    checkpoints hold adapters only."""
+    adapter (pushed after each update, float32 gap < 1e-3, truncated importance weights at 1) and the simulator's pool
+    entries, each drawn by name; checkpoints hold adapters only."""
     from scope_nb.config import load_config
     from scope_nb.run import train
     from scope_nb.sim_modes import Servers
@@ -87,19 +87,22 @@ def test_lora_population_co_training_on_one_vllm_engine(tmp_path, monkeypatch):
     monkeypatch.setattr(Servers, "vllm", lambda self, *a, **k: engines.append(real(self, *a, **k)) or engines[-1])
     asked, complete = [], VLLMEngine._complete   # which model or adapter each generation request named
     monkeypatch.setattr(VLLMEngine, "_complete", lambda self, *a: asked.append(a[-1]) or complete(self, *a))
-    sets = [f"run.out_dir='{tmp_path}'", "run.name='lora-pool'", "grpo.lr=1e-4", "eval.every=10",
+    sets = [f"run.out_dir='{tmp_path}'", "run.name='lora-pool'", "grpo.lr=1e-4", "grpo.tis_cap=2.0", "eval.every=10",
             "agent.engine='vllm'", "agent.lora.rank=8", "agent.lora.alpha=16",
             "user.train=true", "user.engine='vllm'", "user.lora.rank=8", "user.lora.alpha=16",
             "user.mode='pool'", "user.pool.size=3", "user.pool.every=1", "user.pool.sampling='latest'"]
     run = train(load_config(str(ROOT / "configs" / "smoke_smollm2.toml"), sets), progress=False)
     rows = read_metrics(run / "metrics.jsonl")
     assert [x["step"] for x in rows] == [0, 1, 2]
-    assert len(engines) == 2 and len({e.url for e in engines}) == 1   # agent and simulator: one server
+    # agent, simulator and the panel's frozen simulator (the base, no adapter): three clients of one server
+    assert len(engines) == 3 and len({e.url for e in engines}) == 1 and engines[2].frozen and not engines[2].adapter
     assert all(0 < rows[s]["train/logprob_gap_max"] < 1e-3 for s in (1, 2)), rows
-    assert all(rows[s]["sim/tokens"] > 0 and rows[s]["sim/grad_norm"] > 0 for s in (1, 2))
-    # the agent generates with its adapter; the simulator's turns come from pool entries by name: step 1 the initial
-    # entry 0, step 2 (sampling 'latest') entry 1, added after step 1
-    assert "agent" in asked and "user_pool0" in asked and "user_pool1" in asked and "smollm2" not in asked, asked
+    # truncated importance sampling on: at a float32 gap the weights are 1 to round-off and none reaches the cap
+    assert all(abs(rows[s]["train/tis_weight"] - 1) < 1e-3 and rows[s]["train/tis_capped"] == 0 for s in (1, 2)), rows
+    assert all(rows[s]["sim/tokens"] > 0 and math.isfinite(rows[s]["sim/loss"]) for s in (1, 2))   # the simulator trains
+    # the agent generates with its adapter; the simulator's turns come from pool entries by name (step 1 the initial
+    # entry 0, step 2 with sampling 'latest' entry 1, added after step 1), never from the adapter in training
+    assert {"agent", "user_pool0", "user_pool1"} <= set(asked) and "user" not in asked, asked
     pool = sorted(p.name for p in (run / "pool").iterdir() if p.name.startswith("entry_"))
     assert len(pool) == 3 and all((run / "pool" / p / "adapter_model.safetensors").exists() for p in pool)
     step, folder = latest_checkpoint(run)
