@@ -2,10 +2,10 @@
 
     .venv/bin/python bench/bench_lora.py [--parts pool,cotrain] [--k 5] [--steps 3]
 
-pool: a population pool of K simulator checkpoints played on one server, drawn in turn: K LoRA adapters (rank 8,
-      attention projections) loaded once each and generated from by name, against K full checkpoints reloaded in place
-      at every draw (`update_weights_from_disk`, prefix cache reset). Per draw: seconds to make the entry servable plus
-      one short generation; per entry: bytes on disk.
+pool: a population pool of K simulator checkpoints played on one server, drawn in turn twice: K LoRA adapters (rank
+      8, attention projections) loaded once each and then generated from by name, against K full checkpoints reloaded
+      in place at every draw (`update_weights_from_disk`, prefix cache reset). Reported apart: the seconds to make an
+      entry servable, the seconds of one 16-token generation with it, the bytes of an entry on disk.
 cotrain: Co-Training of SmolLM2 against itself on the smoke config (`configs/smoke_smollm2.toml`, both roles trained,
       both on vLLM) for --steps steps, full weights (two servers, two KL reference copies, AdamW over every weight)
       against LoRA (one server, two adapters, the base as reference). Per arm: the run's median step time after the
@@ -35,6 +35,13 @@ def tree_rss(pid: int) -> int:
         except psutil.NoSuchProcess:
             pass
     return total
+
+
+def timed(f) -> float:
+    "Seconds that calling `f` takes."
+    t0 = time.perf_counter()
+    f()
+    return time.perf_counter() - t0
 
 
 def folder_bytes(p: Path) -> int:
@@ -70,28 +77,23 @@ def part_pool(k: int) -> dict:
         try:
             eng = VLLMEngine(srv.url, srv.name)
             eng.generate([prompt], 8, 1.0, [2])  # warm-up
-            t_full, t_lora = [], []
-            for rnd in range(2):  # two rounds over the pool: adapters are loaded in the first, reused in the second
+            swap_full, swap_lora, gen_full, gen_lora = [], [], [], []
+            for rnd in range(2):  # two rounds over the pool: adapters are loaded in the first, named in the second
                 for i in range(k):
-                    t0 = time.perf_counter()
-                    eng.update_weights_from_disk(full[i])
-                    eng.generate([prompt], 8, 1.0, [2])
-                    t_full.append(time.perf_counter() - t0)
+                    swap_full.append(timed(lambda: eng.update_weights_from_disk(full[i])))
+                    gen_full.append(timed(lambda: eng.generate([prompt], 16, 1.0, [2])))
                 eng.update_weights_from_disk(lm.path)  # back to the base for the adapters
                 for i in range(k):
-                    t0 = time.perf_counter()
-                    if rnd == 0:
-                        eng.load_adapter(f"pool{i}", adapters[i])
-                    eng.generate([prompt], 8, 1.0, [2], adapter=f"pool{i}")
-                    t_lora.append(time.perf_counter() - t0)
+                    swap_lora.append(timed(lambda: eng.load_adapter(f"pool{i}", adapters[i])) if rnd == 0 else 0.0)
+                    gen_lora.append(timed(lambda: eng.generate([prompt], 16, 1.0, [2], adapter=f"pool{i}")))
             rss = tree_rss(srv.proc.pid)
         finally:
             srv.stop()
         disk_full = statistics.mean(folder_bytes(p) for p in full)
         disk_lora = statistics.mean(folder_bytes(p) for p in adapters)
-    return dict(k=k, draw_full=statistics.median(t_full), draw_lora=statistics.median(t_lora),
-                draw_lora_first=statistics.mean(t_lora[:k]), disk_full=disk_full, disk_lora=disk_lora,
-                server_rss=rss)
+    return dict(k=k, swap_full=statistics.median(swap_full), load_lora=statistics.median(swap_lora[:k]),
+                gen_full=statistics.median(gen_full), gen_lora=statistics.median(gen_lora), disk_full=disk_full,
+                disk_lora=disk_lora, server_rss=rss)
 
 
 ARM = r'''
@@ -141,11 +143,13 @@ if __name__ == "__main__":
     MB = 2**20
     if "pool" in parts:
         p = part_pool(a.k)
-        print(f"pool, K = {p['k']} on one server: per draw, full checkpoint reloaded {p['draw_full']:.2f} s, adapter by name "
-              f"{p['draw_lora']:.2f} s (first draw, loading it: {p['draw_lora_first']:.2f} s); on disk per entry "
-              f"{p['disk_full'] / MB:.0f} MB vs {p['disk_lora'] / MB:.1f} MB; server RSS with {p['k']} adapters "
-              f"{p['server_rss'] / MB:.0f} MB")
-        head.append(f"pool draw full/adapter {p['draw_full'] / p['draw_lora']:.1f}x, disk {p['disk_full'] / p['disk_lora']:.0f}x")
+        print(f"pool, K = {p['k']} on one server, two rounds of draws: making an entry servable, full checkpoint reloaded "
+              f"at every draw {p['swap_full']:.2f} s vs adapter loaded once {p['load_lora']:.2f} s (then 0: drawn by "
+              f"name); 16 sampled tokens with the full entry {p['gen_full']:.2f} s vs with the adapter "
+              f"{p['gen_lora']:.2f} s; on disk per entry {p['disk_full'] / MB:.0f} MB vs {p['disk_lora'] / MB:.1f} MB; "
+              f"server RSS holding {p['k']} adapters {p['server_rss'] / MB:.0f} MB")
+        head.append(f"pool: reload/adapter-load {p['swap_full'] / p['load_lora']:.1f}x, generation with adapter/full "
+                    f"{p['gen_lora'] / p['gen_full']:.2f}x, disk {p['disk_full'] / p['disk_lora']:.0f}x")
     if "cotrain" in parts:
         c = part_cotrain(a.steps)
         for arm, r in c.items():

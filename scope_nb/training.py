@@ -117,8 +117,10 @@ def scores_from_logits(logits: torch.Tensor, ids: torch.Tensor, temperature: flo
 
 
 def _keeps_logits(model) -> bool:
-    "Whether an HF causal LM's forward takes `logits_to_keep` (transformers ≥ 4.45 models do)."
-    return "logits_to_keep" in inspect.signature(model.forward).parameters
+    """Whether an HF causal LM's forward takes `logits_to_keep` (transformers ≥ 4.45 models do; a peft model passes it
+    on to its base)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "logits_to_keep" in inspect.signature(base.forward).parameters
 
 
 def token_logprobs(
