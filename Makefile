@@ -67,13 +67,15 @@ postgres:
 	  { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; } || \
 	  echo "make postgres: install Debian's postgresql package (as root: apt-get install postgresql); the store's PostgreSQL test needs it"
 
-## test: sync checks, notebook tests, then pytest
+## test: sync checks, notebook tests, then pytest on TEST_WORKERS processes (a test file stays on one process, so
+## module fixtures run once; tests/conftest.py gives each process one torch thread)
+TEST_WORKERS ?= 2
 test: venv browser postgres
 	$(PY) tools/check_sync.py
 	$(PY) tools/check_layout.py
 	$(PY) tools/check_style.py
 	$(PY) tools/nbtest.py
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 ## test-slow: the cells and tests flagged slow (minutes of CPU), nightly-style
 test-slow: venv

@@ -3,11 +3,14 @@ customer calls), of which the customer's llama.cpp calls, and the GRPO update, m
 
     .venv/bin/python bench/bench_shop_step.py [--steps 4] [--arms rl-single,vs,co-training]
     .venv/bin/python bench/bench_shop_step.py --steps 3 --arms rl-single,vs,vs-unshared
+    .venv/bin/python bench/bench_shop_step.py --steps 4 --arms rl-single,rl-single@vllm
     .venv/bin/python bench/bench_shop_step.py --from runs/experiments/llm-collapse/cpu-llm
 
 Each arm trains for `--steps` steps at the experiment's settings (8 tasks x G=4, SmolLM2-135M agent, evaluation off)
 in this process; step 1 warms up and is dropped. `vs-unshared` is the `vs` arm with one VS call per episode (the
-paper's way) instead of one per distinct conversation (`user.vs.share`, the experiment's setting). With `--from`, nothing is trained: the split is read from the
+paper's way) instead of one per distinct conversation (`user.vs.share`, the experiment's setting). `<arm>@vllm` is
+the arm with the agent generating on a vLLM server the run starts (`agent.engine = 'vllm'`, CPU build, float32;
+weights pushed after each update) instead of transformers `generate` in this process. With `--from`, nothing is trained: the split is read from the
 metrics of a finished `scope experiment run llm-collapse` (every run of every arm, all seeds, steps after the first;
 those runs ran two side by side, so their absolute times are per process on a shared 2-core machine).
 Last line: the headline shares and the arms' step-time ratios.
@@ -31,11 +34,15 @@ def run_arm(arm: str, steps: int, out: str) -> dict:
     from scope_nb.experiments import experiment_dicts
     from scope_nb.report import load_run
     from scope_nb.run import train
-    unshared = arm == "vs-unshared"
-    d = experiment_dicts("llm-collapse", "cpu-llm", (0,), out, ["vs" if unshared else arm], steps=steps)[0]
+    base, _, engine = arm.partition("@")
+    unshared = base == "vs-unshared"
+    d = experiment_dicts("llm-collapse", "cpu-llm", (0,), out, ["vs" if unshared else base], steps=steps)[0]
     if unshared:
         d["user"]["vs"]["share"] = False
         d["run"]["name"] += "-unshared"
+    if engine:
+        d["agent"]["engine"] = engine
+        d["run"]["name"] += f"-{engine}"
     d["eval"]["every"] = 10_000; d["checkpoint"]["every"] = 10_000
     cfg = validate(from_dict(Config, d))
     train(cfg, progress=False)

