@@ -15,9 +15,9 @@ from .grpo import GRPOConfig
 from .specs import AgentSettings, MODES, UserSettings, check_spec, kind_of
 
 # %% auto #0
-__all__ = ['RENAMED', 'WandbSection', 'RunSection', 'EnvSection', 'GrpoSection', 'PanelEntry', 'CollapseSection', 'EvalSection',
-           'CheckpointSection', 'Config', 'upgrade_keys', 'from_dict', 'to_dict', 'validate', 'read_config_file',
-           'apply_overrides', 'to_toml', 'load_config', 'config_docs']
+__all__ = ['RENAMED', 'WandbSection', 'RunSection', 'EnvSection', 'GrpoSection', 'PanelEntry', 'CollapseSection',
+           'VarianceSplitSection', 'EvalSection', 'CheckpointSection', 'Config', 'upgrade_keys', 'from_dict', 'to_dict',
+           'validate', 'read_config_file', 'apply_overrides', 'to_toml', 'load_config', 'config_docs']
 
 # %% ../nbs/36_config.ipynb #500a4847
 class WandbSection(Settings):
@@ -131,6 +131,15 @@ class CollapseSection(Settings):
     )
 
 
+class VarianceSplitSection(Settings):
+    "The `[eval.variance_split]` table: Eq. 6's split of the agent's reward variance during training."
+
+    every: int = Field(0, ge=0, description="log train/var_sim, train/var_agent, their shares every N steps (0: off)")
+    tasks: int = Field(4, ge=1, description="training tasks per measurement")
+    agent_draws: int = Field(4, ge=2, description="agent randomness draws ξπ per task (A of Eq. 6's table)")
+    sim_draws: int = Field(4, ge=2, description="simulator draws ξU per agent draw (K)")
+
+
 class EvalSection(Settings):
     "The `[eval]` table: when and against whom the agent is evaluated."
 
@@ -142,6 +151,9 @@ class EvalSection(Settings):
         default_factory=list, description="the simulators; empty: the training user, tagged seen"
     )
     collapse: CollapseSection = Field(default_factory=CollapseSection, description="the direct collapse meter")
+    variance_split: VarianceSplitSection = Field(
+        default_factory=VarianceSplitSection, description="Eq. 6's variance split of the agent's reward"
+    )
 
 
 class CheckpointSection(Settings):

@@ -343,7 +343,7 @@ EXPERIMENTS: dict[str, Experiment] = {
         ),
         Experiment(
             "llm-sims",
-            1,
+            2,  # v2: customer concern order per call, agent's leading concern balanced (34_shop)
             "Prop. 3.7 (measured)",
             "the shop game's real-LLM customer families: behaviour distributions, ε and TV to the pooled "
             "population, plain, with personas and under Verbalized Sampling",
@@ -352,7 +352,7 @@ EXPERIMENTS: dict[str, Experiment] = {
         ),
         Experiment(
             "llm-collapse",
-            1,
+            2,  # v2: customer concern order per call, agent's leading concern balanced (34_shop)
             "Table 1 (real models)",
             "a SmolLM2 agent trained against real-LLM customers of the shop game: RL (Single) on the most "
             "collapsed family, Ensemble, VS, Co-Training; the simulators measured first",

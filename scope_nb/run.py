@@ -482,6 +482,31 @@ def _measure_collapse(run: Run, eps: list, step: int, row: dict):
         row["sim/collapse_eps_lo"], row["sim/collapse_eps_hi"] = rep.eps_ci
 
 
+def _measure_variance_split(run: Run, step: int, row: dict):
+    """Stage 5b (every eval.variance_split.every steps, after the update): Eq. 6's split of the agent's reward variance
+    on training tasks, A agent draws × K simulator draws each (`31_rollout.variance_split_rollouts`), averaged."""
+    v = run.cfg.eval.variance_split
+    if not (v.every and step % v.every == 0):
+        return
+    from scope_nb.rollout import variance_split_rollouts
+
+    tasks = run.env.tasks("train")
+    pick = np.random.default_rng(_seed(run.cfg.run.seed, step, 40_000)).permutation(len(tasks))[: v.tasks]
+    run.user.reseed(_seed(run.cfg.run.seed, step, 40_001))
+    temps, parts = {"agent": run.cfg.agent.temperature, "user": run.cfg.user.temperature}, []
+    for i in pick:
+        try:
+            parts.append(variance_split_rollouts(run.env, tasks[i], run.agent, run.user, v.agent_draws, v.sim_draws,
+                                                 temps))
+        except ValueError:  # fewer than 2 agent draws without a failed episode: this task says nothing
+            pass
+    if parts:
+        sim, agent = float(np.mean([p["simulator"] for p in parts])), float(np.mean([p["agent"] for p in parts]))
+        row["train/var_sim"], row["train/var_agent"] = sim, agent
+        if sim + agent > 0:
+            row["train/var_share_sim"], row["train/var_share_agent"] = sim / (sim + agent), agent / (sim + agent)
+
+
 def _train_metrics(run: Run, eps: list, row: dict):
     "Stage 6: the step's training metrics (failed episodes are counted, never scored)."
     scored = [e for e in eps if e.status != "failed"]
@@ -537,6 +562,11 @@ def _train(cfg: Config, resume: bool, progress: bool, servers: Servers, backend=
     from tqdm.auto import tqdm
 
     torch.manual_seed(cfg.run.seed)
+    if cfg.eval.variance_split.every and (backend is not None or cfg.user.model == "same"):
+        raise ConfigError(
+            "eval.variance_split: needs the agent and a separate simulator in this process (not --backend ray, not "
+            "self-play, whose simulator randomness is the agent's); set eval.variance_split.every = 0"
+        )
     run = _build(cfg, servers, backend)
     start = _first_step(run, resume)
     bar = tqdm(
@@ -567,6 +597,7 @@ def _loop(run: Run, bar, backend):
                 raise
             _update(run, eps, row, step)
             _measure_collapse(run, eps, step, row)
+            _measure_variance_split(run, step, row)
             _train_metrics(run, eps, row)
         _after_step(run, step, row, t_step)
         shown = ("train/reward", "train/entropy", "eval/mean")

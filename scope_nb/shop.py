@@ -11,9 +11,10 @@ from .core import Conversation, Reply, Request, Speaker
 from .envs import Env, EnvState, Task
 
 # %% auto #0
-__all__ = ['CONCERNS', 'KEYWORDS', 'LABELLED_REPLIES', 'PRODUCTS', 'SHOP_GAP', 'INTAKE_PROMPT', 'AGENT_PROMPT', 'SHOP_FAMILIES',
-           'SHOP_SEEN', 'SHOP_UNSEEN', 'concern_positions', 'label_concern', 'agent_action', 'product_of', 'concern_of',
-           'shop_outcome', 'ShopEnv', 'ShopFamily', 'shop_family', 'completion_prompt', 'ShopSimulator', 'shop_speaker']
+__all__ = ['CONCERNS', 'KEYWORDS', 'LABELLED_REPLIES', 'PRODUCTS', 'SHOP_GAP', 'CONCERN_LIST', 'INTAKE_PROMPT', 'AGENT_PROMPT',
+           'SHOP_FAMILIES', 'SHOP_SEEN', 'SHOP_UNSEEN', 'concern_positions', 'label_concern', 'agent_action',
+           'concern_list', 'shuffle_concerns', 'product_of', 'concern_of', 'shop_outcome', 'ShopEnv', 'ShopFamily',
+           'shop_family', 'completion_prompt', 'ShopSimulator', 'shop_speaker']
 
 # %% ../nbs/34_shop.ipynb #c81d14b7
 CONCERNS = ("price", "quality", "looks", "size", "speed")
@@ -121,14 +122,27 @@ LABELLED_REPLIES = [
 PRODUCTS = ("phone", "laptop", "bike", "car", "camera", "tablet", "printer", "scooter",      # train
             "drone", "smartwatch", "coffee machine", "pair of headphones")                  # test
 SHOP_GAP = 0.3   # Δ: what asking first costs
+CONCERN_LIST = "the price, the quality, the looks, the size or the speed"   # as the customer prompts list them
 INTAKE_PROMPT = (
-    "You are shopping for a {product}. Which matters most to you: the price, the quality, the looks, the size "
-    "or the speed? Answer with one word."
+    "You are shopping for a {product}. Which matters most to you: " + CONCERN_LIST + "? Answer with one word."
 )
 AGENT_PROMPT = (
     "You are a shop assistant selling a {product}. Choose your first move: praise the {options} of the {product}, "
     "or ask the customer what matters most to them. Answer with one word: {words} or ask."
 )
+
+
+def concern_list(order) -> str:
+    "The concerns as a customer prompt lists them, in `order`: 'the price, the quality, ... or the speed'."
+    return ", ".join(f"the {c}" for c in order[:-1]) + f" or the {order[-1]}"
+
+
+def shuffle_concerns(text: str, seed: int | None) -> str:
+    "`text` with its concern list (`CONCERN_LIST`) in an order drawn from `seed`; None: unchanged."
+    if seed is None or CONCERN_LIST not in text:
+        return text
+    order = [CONCERNS[j] for j in np.random.default_rng(seed).permutation(len(CONCERNS))]
+    return text.replace(CONCERN_LIST, concern_list(order))
 
 
 def product_of(system: str | None) -> str:
@@ -173,16 +187,14 @@ class ShopEnv(Env):
                 f"env.max_turns = {max_turns}: the shop game has at most 2 agent turns; set env.max_turns = 2"
             )
         self.max_turns, self.gap = max_turns, gap
-        rng = np.random.default_rng(0)  # each task lists the concerns in its own order (the agent's prompt only)
-        tasks = [
-            Task(
-                f"shop/{i}/{k}",
-                "train" if i < 8 else "test",
-                {"product": p, "order": [CONCERNS[j] for j in rng.permutation(5)]},
-            )
-            for i, p in enumerate(PRODUCTS)
-            for k in range(per_product)
-        ]
+        rng = np.random.default_rng(0)  # each task lists the concerns in its own order (the agent's prompt only),
+        tasks = []  # and the concern listed first cycles through the five, so that each leads in 1/5 of the tasks
+        for i, p in enumerate(PRODUCTS):
+            for k in range(per_product):
+                perm = [CONCERNS[j] for j in rng.permutation(len(CONCERNS))]
+                r = perm.index(CONCERNS[len(tasks) % len(CONCERNS)])
+                order = perm[r:] + perm[:r]
+                tasks.append(Task(f"shop/{i}/{k}", "train" if i < 8 else "test", {"product": p, "order": order}))
         self._tasks = {s: [t for t in tasks if t.split == s] for s in ("train", "test")}
 
     def tasks(self, split="train"):
@@ -255,8 +267,7 @@ def completion_prompt(persona: str, messages: list[dict]) -> str:
     product = product_of(messages[0]["content"] if messages and messages[0]["role"] == "system" else "") or "product"
     lines = [
         f"The following is a conversation in a shop. The customer is {persona}.",
-        f"Shop assistant: Hello! Which matters most to you in a {product}: the price, the quality, the looks, the "
-        "size or the speed?",
+        f"Shop assistant: Hello! Which matters most to you in a {product}: {CONCERN_LIST}?",
     ]
     for m in messages:
         if m["role"] == "assistant":
@@ -270,22 +281,32 @@ def completion_prompt(persona: str, messages: list[dict]) -> str:
 
 class ShopSimulator(Speaker):
     """A customer of one family, answered by the family's model on a llama.cpp server (through `ApiSpeaker`: retries,
-    accounting)."""
+    accounting). `shuffle`: each call lists the concerns in its own order, drawn from (seed, episode, turn)."""
 
     concurrent, api = True, True
+    SHUFFLE_SALT = 17  # the order's seed is not the sampling seed
 
-    def __init__(self, family: ShopFamily, api, name: str = "shop"):
-        self.family, self.api_speaker, self.name = family, api, name
+    def __init__(self, family: ShopFamily, api, name: str = "shop", shuffle: bool = True):
+        self.family, self.api_speaker, self.name, self.shuffle = family, api, name, shuffle
+
+    def order_seed(self, r: Request) -> int | None:
+        "The seed of request `r`'s concern order (None: the fixed order)."
+        from scope_nb.simulators import request_seed
+
+        return request_seed(self.api_speaker.seed, r.key, r.turn, self.SHUFFLE_SALT) if self.shuffle else None
 
     def reseed(self, seed: int):
         self.api_speaker.reseed(seed)  # server-side seeds per (run seed, episode, turn)
 
-    def prompt(self, messages: list[dict]):
-        "Chat messages with the persona opening the system prompt, or a completion prompt for base-model families."
+    def prompt(self, messages: list[dict], order_seed: int | None = None):
+        """Chat messages with the persona opening the system prompt, or a completion prompt for base-model families;
+        the concern list reordered by `order_seed`."""
         f = self.family
         if f.style == "completion":
-            return completion_prompt(f.persona, messages)
+            return shuffle_concerns(completion_prompt(f.persona, messages), order_seed)
         msgs = [dict(m) for m in messages]
+        if msgs and msgs[0]["role"] == "system":
+            msgs[0]["content"] = shuffle_concerns(msgs[0]["content"] or "", order_seed)
         if msgs and msgs[0]["role"] == "system":
             msgs[0]["content"] = f"You are {f.persona}. {msgs[0]['content'] or ''}"
         else:
@@ -295,7 +316,11 @@ class ShopSimulator(Speaker):
     def respond(self, requests, temperature=None):
         api = self.api_speaker
         res = api.complete(
-            [(self.prompt(r.messages), self.family.temperature, None, None, None, api.seed_for(r)) for r in requests]
+            [
+                (self.prompt(r.messages, self.order_seed(r)), self.family.temperature, None, None, None,
+                 api.seed_for(r))
+                for r in requests
+            ]
         )
         pre = "The" if self.family.style == "completion" else ""
         out = []
@@ -326,15 +351,20 @@ class ShopSimulator(Speaker):
                 f"{self.name}: Verbalized Sampling needs a chat family; {self.family.model} is a base model "
                 "without a chat template"
             )
-        reqs = [Request(self.prompt(r.messages), None, r.tools, r.turn, r.key, r.group, r.sample) for r in requests]
+        reqs = [
+            Request(self.prompt(r.messages, self.order_seed(r)), None, r.tools, r.turn, r.key, r.group, r.sample)
+            for r in requests
+        ]
         if vs.structured == "auto":
             vs = vs.model_copy(update={"structured": self.vs_format})
         return self.api_speaker.propose(reqs, vs, extra, self.family.temperature)
 
 
-def shop_speaker(spec: str, name: str, seed: int, servers, max_tokens: int = 8, **api_kw) -> ShopSimulator:
-    """A `ShopSimulator` for `shop:<family>`, its model served by `servers` (`23_sim_modes.Servers`); `api_kw`: timeout,
-    max_retries, concurrency."""
+def shop_speaker(
+    spec: str, name: str, seed: int, servers, max_tokens: int = 8, shuffle: bool = True, **api_kw
+) -> ShopSimulator:
+    """A `ShopSimulator` for `shop:<family>`, its model served by `servers` (`23_sim_modes.Servers`); `shuffle`: the
+    concern list in its own order per call; `api_kw`: timeout, max_retries, concurrency."""
     from scope_nb.simulators import ApiSpeaker
 
     fam_name, fam = shop_family(spec)
@@ -344,4 +374,4 @@ def shop_speaker(spec: str, name: str, seed: int, servers, max_tokens: int = 8, 
         temperature=fam.temperature,
         seed=seed,
     )
-    return ShopSimulator(fam, api, name=name if name != "user" else f"shop-{fam_name}")
+    return ShopSimulator(fam, api, name=name if name != "user" else f"shop-{fam_name}", shuffle=shuffle)

@@ -11,7 +11,7 @@ from .shop import (CONCERNS, SHOP_FAMILIES, SHOP_SEEN, ShopEnv, ShopSimulator, a
 
 # %% auto #0
 __all__ = ['OUTCOMES', 'SHOP_MODES', 'call_stats', 'measure_family', 'measure_shop', 'measure_table', 'fig_shop_measure',
-           'run_measurement', 'eval_moves', 'move_summary', 'move_table']
+           'run_measurement', 'first_moves', 'eval_moves', 'move_summary', 'move_table']
 
 # %% ../nbs/38_shop_measure.ipynb #f91e30ae
 OUTCOMES = CONCERNS + ("none",)
@@ -299,6 +299,29 @@ def run_measurement(
     echo(f"simulator measurement ({res['seconds']:.0f} s): {out / 'measure.md'}")
     echo(measure_table(res["rows"]))
     return dict(res, files=[str(f), str(out / "measure.md"), *map(str, figs)])
+
+# %% ../nbs/38_shop_measure.ipynb #3c74d4a9
+def first_moves(agent, split: str = "train", samples: int = 4) -> dict:
+    """The first moves of `agent` (any Speaker) on every task of `split`: pitches counted by the listed position of
+    their concern, questions, off-topic replies, and pitches by concern."""
+    env = ShopEnv()
+    tasks = env.tasks(split)
+    reqs = [
+        Request(env.reset(t).conversation.view("agent"), key=f"first-move/{t.id}/{k}", turn=0, group=j, sample=k)
+        for j, t in enumerate(tasks)
+        for k in range(samples)
+    ]
+    reps = agent.respond(reqs)
+    by_position, by_concern = [0] * len(CONCERNS), dict.fromkeys(CONCERNS, 0)
+    other = {"ask": 0, "off-topic": 0, "failed": 0}
+    for i, rep in enumerate(reps):
+        a = "failed" if rep.failed else agent_action(rep.content)
+        if a in other:
+            other[a] += 1
+            continue
+        by_position[tasks[i // samples].data["order"].index(a)] += 1
+        by_concern[a] += 1
+    return dict(n=len(reqs), by_position=by_position, by_concern=by_concern, **other)
 
 # %% ../nbs/38_shop_measure.ipynb #29adf978
 def eval_moves(run_dir, step: int | None = None) -> list[dict]:
