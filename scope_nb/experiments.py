@@ -160,7 +160,9 @@ SHOP_BASE = {
     "agent": dict(model="smollm2", train=True, temperature=1.0, max_new_tokens=8),
     "user": dict(model="shop:fashion-cold", max_new_tokens=8, api=dict(concurrency=4)),
     "grpo": dict(lr=2e-4, batch_tasks=8, group_size=4, micro_batch=16, kl_coef=0.0, train_only=SHOP_TOP),
-    "eval": dict(every=10, tasks=16, samples=1, agent_temperature=1.0, panel=shop_panel()),
+    # Eq. 6's split at steps 10 and 20 on 2 training tasks, 4 agent draws x 4 customer draws (32 episodes each)
+    "eval": dict(every=10, tasks=16, samples=1, agent_temperature=1.0, panel=shop_panel(),
+                 variance_split=dict(every=10, tasks=2)),
     "checkpoint": dict(every=20, keep=1),
 }
 SHOP_METHODS = [

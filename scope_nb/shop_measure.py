@@ -11,7 +11,7 @@ from .shop import (CONCERNS, SHOP_FAMILIES, SHOP_SEEN, ShopEnv, ShopSimulator, a
 
 # %% auto #0
 __all__ = ['OUTCOMES', 'SHOP_MODES', 'call_stats', 'measure_family', 'measure_shop', 'measure_table', 'fig_shop_measure',
-           'run_measurement', 'first_moves', 'eval_moves', 'move_summary', 'move_table']
+           'run_measurement', 'first_moves', 'answers_by_position', 'eval_moves', 'move_summary', 'move_table']
 
 # %% ../nbs/38_shop_measure.ipynb #f91e30ae
 OUTCOMES = CONCERNS + ("none",)
@@ -322,6 +322,28 @@ def first_moves(agent, split: str = "train", samples: int = 4) -> dict:
         by_position[tasks[i // samples].data["order"].index(a)] += 1
         by_concern[a] += 1
     return dict(n=len(reqs), by_position=by_position, by_concern=by_concern, **other)
+
+# %% ../nbs/38_shop_measure.ipynb #7cdb9270
+def answers_by_position(sim: ShopSimulator, n: int = 200) -> dict:
+    """Plain intake answers of `sim` (a shuffling `ShopSimulator`), counted by the listed position of the concern each
+    names (0 = listed first), and by concern; `none` counts answers that name none."""
+    from scope_nb.shop import shuffle_concerns, CONCERN_LIST
+
+    reqs = _intake_requests(n, "position")
+    reps = sim.respond(reqs)
+    by_position, by_concern, none, failed = [0] * len(CONCERNS), dict.fromkeys(CONCERNS, 0), 0, 0
+    for r, rep in zip(reqs, reps):
+        if rep.failed:
+            failed += 1
+            continue
+        c = label_concern(rep.content)
+        if c == "none":
+            none += 1
+            continue
+        listed = shuffle_concerns(CONCERN_LIST, sim.order_seed(r)).replace(" or ", ", ").split(", ")
+        by_position[listed.index(f"the {c}")] += 1
+        by_concern[c] += 1
+    return dict(n=n, by_position=by_position, by_concern=by_concern, none=none, failed=failed)
 
 # %% ../nbs/38_shop_measure.ipynb #29adf978
 def eval_moves(run_dir, step: int | None = None) -> list[dict]:
