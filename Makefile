@@ -53,7 +53,7 @@ lab: venv
 
 ## llm: the real-LLM shop experiment: customer families measured (~10 min), then a SmolLM2 agent trained against them, 2 seeds (over 2 h with the VS arm; see 41_experiments)
 llm: venv
-	$(VENV)/bin/scope experiment run llm-collapse --scale cpu-llm --seeds 2
+	$(VENV)/bin/scope experiment run llm-collapse --scale cpu-llm --seeds 5
 
 ## browser: Debian's Chromium for the study app's browser test (Playwright drives it; it never downloads a browser)
 browser:

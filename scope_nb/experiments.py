@@ -41,6 +41,8 @@ class Experiment:
     sweep: dict = field(default_factory=dict)  # a dose-response figure: {"x": axis label, "values": {arm: x value}}
     # "module:function(out, echo=, progress=)" run before the arms (e.g. measuring the simulators); its folder is reused
     measure: str = ""
+    # "module:function(exp_dir, echo=)" run after the report: the experiment's pre-registered tests (44_prereg)
+    analysis: str = ""
 
 
 def merge(base: dict, over: dict) -> dict:
@@ -158,7 +160,7 @@ SHOP_BASE = {
     "run": dict(steps=20),
     "env": dict(name="shop", max_turns=2),
     "agent": dict(model="smollm2", train=True, temperature=1.0, max_new_tokens=8),
-    "user": dict(model="shop:fashion-cold", max_new_tokens=8, api=dict(concurrency=4)),
+    "user": dict(model="shop:fashion-fixed", max_new_tokens=8, api=dict(concurrency=4)),
     "grpo": dict(lr=2e-4, batch_tasks=8, group_size=4, micro_batch=16, kl_coef=0.0, train_only=SHOP_TOP),
     # Eq. 6's split at steps 10 and 20 on 2 training tasks, 4 agent draws x 4 customer draws (32 episodes each)
     "eval": dict(every=10, tasks=16, samples=1, agent_temperature=1.0, panel=shop_panel(),
@@ -176,15 +178,20 @@ SHOP_METHODS = [
     # one VS proposal per task, drawn per episode (user.vs.share: 20_simulators): the customer speaks once, so G
     # calls become 1
     Arm("vs", "RL + VS", {"user": dict(mode="vs", vs=dict(n=5, share=True))}),
+    # a SmolLM2 customer trained from the same fixed-order prompt with the curriculum reward (the paper's choice for
+    # tau2, Appendix F.1; its adversarial reward is what the paper reports failing)
     Arm(
-        "co-training", "Co-Training", {"user": dict(model="smollm2", train=True, reward="adversarial", temperature=0.7)}
+        "co-training", "Co-Training", {"user": dict(model="smollm2", train=True, reward="curriculum", temperature=0.7)}
     ),
+    # the control: the same customer (model, persona, temperature) with the concern order shuffled, i.e. uncollapsed
+    Arm("rl-uncollapsed", "RL (uncollapsed customer)", {"user": dict(model="shop:fashion-cold")}),
 ]
 SHOP_COMPARISONS = [
     ("ensemble", "rl-single", "the paper's comparison on real models: three families vs the most collapsed one"),
     ("vs", "rl-single", "the paper's comparison on real models: verbalizing the collapsed family"),
     ("co-training", "rl-single", "a co-trained SmolLM2 customer vs the frozen collapsed family"),
     ("rl-single", "base", "what training against the collapsed family does to the base agent"),
+    ("vs", "rl-uncollapsed", "VS against merely removing the collapse"),
 ]
 
 CPU_LLM_METHODS = [
@@ -354,13 +361,17 @@ EXPERIMENTS: dict[str, Experiment] = {
         ),
         Experiment(
             "llm-collapse",
-            2,  # v2: customer concern order per call, agent's leading concern balanced (34_shop)
+            # v2: customer concern order per call, agent's leading concern balanced (34_shop); v3: RL (Single) on
+            # fashion-fixed, the uncollapsed control, curriculum Co-Training, registered tests (44_prereg)
+            3,
             "Table 1 (real models)",
-            "a SmolLM2 agent trained against real-LLM customers of the shop game: RL (Single) on the most "
-            "collapsed family, Ensemble, VS, Co-Training; the simulators measured first",
+            "a SmolLM2 agent trained against real-LLM customers of the shop game: RL (Single) on the collapsed "
+            "family, VS, Co-Training, the uncollapsed control, Ensemble; the simulators measured first, the "
+            "registered tests last",
             {"cpu-llm": (SHOP_BASE, SHOP_METHODS)},
             comparisons=SHOP_COMPARISONS,
             measure="scope_nb.shop_measure:run_measurement",
+            analysis="scope_nb.prereg:shop_registered",
         ),
         _table1("p4g", "Table 1, P4G column"),
         _table1("tau2-retail", "Table 1, τ² retail"),

@@ -154,6 +154,15 @@ def run_experiment(
     )
     if exp.sweep:
         res["figures"] += [str(p) for p in fig_sweep(res["table"], name, scale, Path(out) / name / scale / "report")]
+    res["analysis"] = None
+    if exp.analysis:  # the experiment's pre-registered tests (e.g. 44_prereg.shop_registered)
+        import importlib
+
+        mod, fn = exp.analysis.split(":")
+        try:
+            res["analysis"] = getattr(importlib.import_module(mod), fn)(Path(out) / name / scale, echo=echo)
+        except FileNotFoundError as e:  # an arm the tests need was not run (e.g. --arms rl-single): say so
+            echo(f"registered tests not computed: {e}")
     res.update(
         errors=errors,
         seconds=time.perf_counter() - t0,

@@ -11,7 +11,8 @@ from .shop import (CONCERNS, SHOP_FAMILIES, SHOP_SEEN, ShopEnv, ShopSimulator, a
 
 # %% auto #0
 __all__ = ['OUTCOMES', 'SHOP_MODES', 'call_stats', 'measure_family', 'measure_shop', 'measure_table', 'fig_shop_measure',
-           'run_measurement', 'first_moves', 'answers_by_position', 'eval_moves', 'move_summary', 'move_table']
+           'run_measurement', 'first_moves', 'answers_by_position', 'eval_dir', 'eval_moves', 'move_summary',
+           'move_table']
 
 # %% ../nbs/38_shop_measure.ipynb #f91e30ae
 OUTCOMES = CONCERNS + ("none",)
@@ -346,19 +347,26 @@ def answers_by_position(sim: ShopSimulator, n: int = 200) -> dict:
     return dict(n=n, by_position=by_position, by_concern=by_concern, none=none, failed=failed)
 
 # %% ../nbs/38_shop_measure.ipynb #29adf978
-def eval_moves(run_dir, step: int | None = None) -> list[dict]:
-    """One record per evaluation episode of a shop run (its last evaluation unless `step`): family, first move, outcome,
-    reward."""
+def eval_dir(run_dir, step: int | None = None):
+    "The folder of a run's last evaluation (or of `step`); a clear error when there is none."
     from pathlib import Path
-    from scope_nb.files import read_jsonl
 
     steps = sorted(Path(run_dir, "eval").glob("step_*"))
     if step is not None:
         steps = [s for s in steps if int(s.name.split("_")[1]) == step]
     if not steps:
         raise FileNotFoundError(f"{run_dir}: no evaluation{'' if step is None else f' at step {step}'} (eval/step_*/)")
+    return steps[-1]
+
+
+def eval_moves(run_dir, step: int | None = None) -> list[dict]:
+    """One record per evaluation episode of a shop run (its last evaluation unless `step`): family, first move, outcome,
+    reward."""
+    from pathlib import Path
+    from scope_nb.files import read_jsonl
+
     out = []
-    for f in sorted(steps[-1].glob("*.jsonl")):
+    for f in sorted(eval_dir(run_dir, step).glob("*.jsonl")):
         for ep in read_jsonl(f):  # errors name file:line
             if ep.status == "failed":
                 continue

@@ -8,12 +8,13 @@ import csv, io, json, math
 from pathlib import Path
 import numpy as np
 from ..files import atomic_write_text
+from ..prereg import holm  # one Holm–Bonferroni adjustment for the package (44_prereg)
 from .store import ADVERSARIAL_AIRLINE, P4G_ITEMS, REVERSED, TAU2_ITEMS
 
 # %% auto #0
 __all__ = ['ARM_ORDER', 'ARM_LABELS', 'PAIRS', 'ASK_WORDS', 'BINARY', 'TAU2_OUTCOMES', 'P4G_OUTCOMES', 'bootstrap_ci', 'welch_t',
-           'fisher_exact', 'holm', 'hedges_g', 'load_export', 'outcomes', 'analyze_records', 'table3_markdown',
-           'fig_study', 'analyze']
+           'fisher_exact', 'hedges_g', 'load_export', 'outcomes', 'analyze_records', 'table3_markdown', 'fig_study',
+           'analyze']
 
 # %% ../../nbs/53_study_analysis.ipynb #9b2500ea
 def bootstrap_ci(x, n: int = 10_000, alpha: float = 0.05, seed: int = 0) -> tuple[float, float]:
@@ -44,17 +45,6 @@ def fisher_exact(a: int, b: int, c: int, d: int) -> float:
     lo, hi = max(0, r1 + c1 - n), min(r1, c1)
     p0 = pmf(a)
     return float(min(1.0, sum(p for p in map(pmf, range(lo, hi + 1)) if p <= p0 * (1 + 1e-7))))
-
-
-def holm(pvals: list[float]) -> list[float]:
-    "Holm–Bonferroni adjusted p-values (same order as given)."
-    m = len(pvals)
-    order = sorted(range(m), key=lambda i: pvals[i])
-    adj, run = [0.0] * m, 0.0
-    for rank, i in enumerate(order):
-        run = max(run, min(1.0, (m - rank) * pvals[i]))
-        adj[i] = run
-    return adj
 
 
 def hedges_g(x, y) -> float:
