@@ -360,6 +360,15 @@ EXPERIMENTS: dict[str, Experiment] = {
             measure="scope_nb.shop_measure:run_measurement",
         ),
         Experiment(
+            "vs-reference",
+            1,
+            "Prop. 3.7 (measured, fair reference)",
+            "Verbalized Sampling on real models against the same model and persona sampled plain at T = 1, beside "
+            "plain, uniform and a flattening control (39_vs_reference)",
+            {"cpu-llm": ({}, [])},
+            measure="scope_nb.vs_reference:run_vs_reference",
+        ),
+        Experiment(
             "llm-collapse",
             # v2: customer concern order per call, agent's leading concern balanced (34_shop); v3: RL (Single) on
             # fashion-fixed, the uncollapsed control, curriculum Co-Training, registered tests (44_prereg)

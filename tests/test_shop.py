@@ -66,6 +66,21 @@ def test_llm_collapse_two_step_smoke(tmp_path):
     print(f"smoke: {time.perf_counter() - t0:.0f} s")
 
 
+def test_vs_reference_smoke(tmp_path):
+    """The registered VS-reference measurement at tiny sizes on the real servers: every comparison row and a verdict are
+    written, and a second call reuses the measurement."""
+    from scope_nb.vs_reference import run_vs_reference
+    res = run_vs_reference(tmp_path, echo=lambda *a: None, progress=False, families=("fashion-fixed",), n_ref=8, n_plain=6,
+                           vs_calls=2, B=50)
+    text = (tmp_path / "vs_reference.md").read_text()
+    assert text.count("| fashion-fixed (T = 0.3) |") == 4 and "**" in text, text
+    m = res["results"][0]
+    assert len(m["X_ref"]) + len(m["X_plain"]) >= 12 and m["vs_calls"] == 2 and m["failed"] == 0
+    said = []
+    run_vs_reference(tmp_path, echo=said.append, families=("fashion-fixed",))
+    assert "reusing" in said[0]
+
+
 @pytest.mark.slow
 def test_llm_collapse_full_run(tmp_path):
     """The registered design (`make llm`): every arm x 5 seeds (hours on 2 cores): the base agent's groups have
