@@ -12,10 +12,11 @@ from .lab import SEEN_FAMILIES, UNSEEN_FAMILIES
 from .shop import SHOP_SEEN, SHOP_UNSEEN
 
 # %% auto #0
-__all__ = ['LAB_BASE', 'LAB_METHODS', 'LAB_COMPARISONS', 'DEMO_ARMS', 'SHOP_TOP', 'SHOP_BASE', 'SHOP_METHODS', 'SHOP_COMPARISONS',
-           'CPU_LLM_METHODS', 'ROUTER', 'PAPER_PANEL', 'MAX_TURNS', 'COOP_ARMS', 'EXPERIMENTS', 'Arm', 'Experiment',
-           'merge', 'lab_panel', 'cpu_llm_base', 'shop_panel', 'gpu_base', 'gpu_methods', 'get_experiment',
-           'experiment_dicts', 'experiment_configs']
+__all__ = ['LAB_BASE', 'LAB_METHODS', 'LAB_COMPARISONS', 'DEMO_ARMS', 'LAB_PAPER_UPDATE', 'LAB_UPDATE_ARMS',
+           'LAB_EXPLOITABLE_ARMS', 'SHOP_TOP', 'SHOP_BASE', 'SHOP_METHODS', 'SHOP_COMPARISONS', 'CPU_LLM_METHODS',
+           'ROUTER', 'PAPER_PANEL', 'MAX_TURNS', 'COOP_ARMS', 'EXPERIMENTS', 'Arm', 'Experiment', 'merge', 'lab_panel',
+           'cpu_llm_base', 'shop_panel', 'gpu_base', 'gpu_methods', 'get_experiment', 'experiment_dicts',
+           'experiment_configs']
 
 # %% ../nbs/41_experiments.ipynb #4e8fd8ec
 @dataclass
@@ -124,6 +125,17 @@ LAB_COMPARISONS = [
     ("population-from-collapsed", "rl-single", "a pool from a collapsed start vs frozen collapsed"),
 ]
 DEMO_ARMS = ("base", "rl-single", "ensemble", "vs", "co-training", "population", "frozen-uncollapsed")
+
+# registered lab controls (33_lab, "What the lab can and cannot show"; tests in 44_prereg)
+LAB_PAPER_UPDATE = merge(LAB_BASE, {"grpo": dict(advantage="zscore", train_only=[])})  # Eq. 2, every weight
+_LAB_ARM = {a.name: a for a in LAB_METHODS}
+LAB_UPDATE_ARMS = [_LAB_ARM[a] for a in ("rl-single", "vs", "ensemble", "frozen-uncollapsed")]
+LAB_EXPLOITABLE_ARMS = [
+    _LAB_ARM["rl-single"],
+    # the base user sharpened to gamma = 2.5: modal mass 0.80 > 1 - Delta, so its exploit pays (33_lab)
+    Arm("frozen-exploitable", "Control: RL vs a frozen exploitable user", {"user": dict(model="lab-user:frugal@2.5")}),
+    *[_LAB_ARM[a] for a in ("ensemble", "vs", "cotrain-from-collapsed", "population-from-collapsed")],
+]
 
 # %% ../nbs/41_experiments.ipynb #e7803eb9
 def cpu_llm_base(env: str, max_turns: int = 2) -> dict:
@@ -328,6 +340,24 @@ EXPERIMENTS: dict[str, Experiment] = {
             "the lab comparison of every method against the most modal simulator, with controls",
             {"lab": (LAB_BASE, LAB_METHODS)},
             comparisons=LAB_COMPARISONS,
+        ),
+        Experiment(
+            "lab-paper-update",
+            1,
+            "Table 1 (lab), the paper's update",
+            "the lab with z-scored advantages (Eq. 2) and every weight trained: RL (Single), VS, Ensemble and the "
+            "frozen-uncollapsed control, 10 seeds; seeds that converge on the exploit counted (Fisher)",
+            {"lab": (LAB_PAPER_UPDATE, LAB_UPDATE_ARMS)},
+            analysis="scope_nb.prereg:lab_update_registered",
+        ),
+        Experiment(
+            "lab-exploitable-ref",
+            1,
+            "Table 1 (lab), an exploitable control",
+            "the remedies against a frozen reference that is itself exploitable (modal mass 0.80 > 1 − Δ), 10 seeds: "
+            "diversity as such and a moving target separated from merely uncollapsed",
+            {"lab": (LAB_BASE, LAB_EXPLOITABLE_ARMS)},
+            analysis="scope_nb.prereg:lab_exploitable_registered",
         ),
         Experiment(
             "vs-recovery",

@@ -11,9 +11,10 @@ import numpy as np
 from .report import diff_ci
 
 # %% auto #0
-__all__ = ['SHOP_HELD_OUT', 'SHOP_REGISTERED', 'perm_test', 'signflip_test', 'boot_seeds', 'boot_episodes', 'holm',
-           'eval_rewards', 'learning_signal', 'eval_step_list', 'matched_step', 'Registered', 'registered_tests',
-           'registered_markdown', 'ask_shares', 'shop_registered']
+__all__ = ['SHOP_HELD_OUT', 'SHOP_REGISTERED', 'LAB_HELD_OUT', 'LAB_UPDATE_REGISTERED', 'LAB_EXPLOITABLE_REGISTERED', 'perm_test',
+           'signflip_test', 'boot_seeds', 'boot_episodes', 'holm', 'eval_rewards', 'learning_signal', 'eval_step_list',
+           'matched_step', 'Registered', 'registered_tests', 'registered_markdown', 'ask_shares', 'shop_registered',
+           'exploit_seeds', 'lab_registered', 'lab_update_registered', 'lab_exploitable_registered']
 
 # %% ../nbs/44_prereg.ipynb #71f1ab2b
 def perm_test(a, b) -> float:
@@ -178,12 +179,12 @@ def registered_tests(exp_dir, tests: list[Registered], B: int = 2000) -> list[di
             d = np.array([ma[sa.index(s)] - mb[sb.index(s)] for s in common])
             diff, lo, hi = mean_ci(d)
             p, n = signflip_test(d), len(d)
-            agree = int(np.sum(np.sign(d) == np.sign(diff)))
+            agree = int(np.sum(np.sign(d) == np.sign(diff))) if diff != 0 else 0
         else:
             c = diff_ci(ma, mb)
             diff, lo, hi = c["diff"], c["lo"], c["hi"]
             p, n = perm_test(ma, mb), len(ma)
-            agree = int(np.sum(np.sign(np.array(ma) - np.mean(mb)) == np.sign(diff)))
+            agree = int(np.sum(np.sign(np.array(ma) - np.mean(mb)) == np.sign(diff))) if diff != 0 else 0
         rows.append(dict(test=t.name, a=t.a, b=t.b, primary=t.primary, paired=t.paired, seeds=(len(a), len(b)),
                          diff=float(diff), lo=float(lo), hi=float(hi), boot2=boot_seeds(a, b, B)[1:],
                          boot1=boot_episodes(a, b, B)[1:], p=p, agree=agree, n=n))
@@ -203,9 +204,9 @@ def registered_markdown(rows: list[dict]) -> str:
            "seeds agree | verdict |", "|---|---|---|---|---|---|---|---|---|"]
     for r in sorted(rows, key=lambda r: not r["primary"]):
         name = ("**primary**: " if r["primary"] else "") + r["test"]
-        holm_p = "—" if r["primary"] else format(r["p_holm"], ".3f")
+        holm_p = "—" if r["primary"] else format(r["p_holm"], ".3g")
         out.append(f"| {name} | {r['diff']:+.3f} | {f((r['lo'], r['hi']))} | {f(r['boot2'])} | {f(r['boot1'])} | "
-                   f"{r['p']:.3f} | {holm_p} | {r['agree']} of {r['n']} | {r['verdict']} |")
+                   f"{r['p']:.3g} | {holm_p} | {r['agree']} of {r['n']} | {r['verdict']} |")
     return "\n".join(out)
 
 # %% ../nbs/44_prereg.ipynb #66a2e212
@@ -244,3 +245,61 @@ def shop_registered(exp_dir, echo=print, tests=SHOP_REGISTERED, B: int = 2000) -
     atomic_write_text(out, text)
     echo(text)
     return dict(rows=rows, ask_shares=asks, mechanism=mech, path=str(out))
+
+# %% ../nbs/44_prereg.ipynb #66abbc2a
+LAB_HELD_OUT = ("idealist", "analyst")
+LAB_UPDATE_REGISTERED = [
+    Registered("VS − RL (Single)", "vs", "rl-single", LAB_HELD_OUT),
+    Registered("Ensemble − RL (Single)", "ensemble", "rl-single", LAB_HELD_OUT),
+    Registered("frozen uncollapsed − RL (Single)", "frozen-uncollapsed", "rl-single", LAB_HELD_OUT),
+    Registered("VS − frozen uncollapsed", "vs", "frozen-uncollapsed", LAB_HELD_OUT),
+    Registered("Ensemble − frozen uncollapsed", "ensemble", "frozen-uncollapsed", LAB_HELD_OUT),
+]
+LAB_EXPLOITABLE_REGISTERED = [
+    Registered("frozen exploitable − RL (Single)", "frozen-exploitable", "rl-single", LAB_HELD_OUT),
+    *[Registered(f"{a} − frozen exploitable", a, "frozen-exploitable", LAB_HELD_OUT)
+      for a in ("ensemble", "vs", "cotrain-from-collapsed", "population-from-collapsed")],
+]
+
+
+def exploit_seeds(exp_dir, arm: str, last: int = 10) -> list[bool]:
+    "Per seed of a lab arm: whether the exploit took more than half of its last `last` training steps' episodes."
+    from scope_nb.lab import strategy_shares
+
+    out = []
+    for r in _runs(exp_dir, arm):
+        steps, shares = strategy_shares(r)
+        out.append(bool(steps) and float(np.mean(shares["exploit"][-last:])) > 0.5)
+    return out
+
+# %% ../nbs/44_prereg.ipynb #b23e43db
+def lab_registered(exp_dir, tests, echo=print, B: int = 2000) -> dict:
+    """A lab experiment's registered tests (every one Holm-corrected) and, per arm, its exploit-converged seeds against
+    the control's (each test's `b`), Fisher's exact p; writes `report/registered.md`."""
+    from scipy.stats import fisher_exact
+    from scope_nb.files import atomic_write_text
+
+    rows = registered_tests(exp_dir, tests, B)
+    arms = list(dict.fromkeys(a for t in tests for a in (t.a, t.b)))
+    ex = {a: exploit_seeds(exp_dir, a) for a in arms}
+    lines = ["| arm | seeds on the exploit | against | Fisher p |", "|---|---|---|---|"]
+    for t in tests:
+        a, b = ex[t.a], ex[t.b]
+        p = fisher_exact([[sum(a), len(a) - sum(a)], [sum(b), len(b) - sum(b)]])[1]
+        lines.append(f"| {t.a} | {sum(a)} of {len(a)} | {t.b}: {sum(b)} of {len(b)} | {p:.3g} |")
+    text = registered_markdown(rows) + "\n\n" + "\n".join(lines) + "\n"
+    out = Path(exp_dir) / "report" / "registered.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, text)
+    echo(text)
+    return dict(rows=rows, exploit=ex, path=str(out))
+
+
+def lab_update_registered(exp_dir, echo=print) -> dict:
+    "`lab-paper-update`'s analysis."
+    return lab_registered(exp_dir, LAB_UPDATE_REGISTERED, echo)
+
+
+def lab_exploitable_registered(exp_dir, echo=print) -> dict:
+    "`lab-exploitable-ref`'s analysis."
+    return lab_registered(exp_dir, LAB_EXPLOITABLE_REGISTERED, echo)
