@@ -50,8 +50,9 @@ demo: core
 lab: venv
 	$(VENV)/bin/scope experiment run collapse-lab vs-recovery --scale lab --seeds 5
 	$(VENV)/bin/scope experiment run fig17-pool-size fig27-sim-reward --scale lab --seeds 3
+	$(VENV)/bin/scope experiment run lab-paper-update lab-exploitable-ref --scale lab --seeds 10
 
-## llm: the real-LLM shop experiment: customer families measured (~10 min), then a SmolLM2 agent trained against them, 2 seeds (over 2 h with the VS arm; see 41_experiments)
+## llm: the real-LLM shop experiment (v3, registered): customer families measured (~10 min), then a SmolLM2 agent trained against the collapsed customer and the remedies, 5 seeds (hours; rerun to resume), then the registered tests (44_prereg)
 llm: venv
 	$(VENV)/bin/scope experiment run llm-collapse --scale cpu-llm --seeds 5
 
