@@ -111,6 +111,7 @@ class VLLMServer:
         self.lora_rank, self.max_loras, self.kv_cache_gb = lora_rank, max_loras, kv_cache_gb
         self.threads = threads or os.cpu_count() or 1
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkdtemp(prefix="vllm_")) / "server.log"
+        self._own_dir = None if log_path else self.log_path.parent  # removed by stop(): log and synced weights
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -159,7 +160,7 @@ class VLLMServer:
         while time.time() - t0 < timeout:
             if self.proc.poll() is not None:
                 rc = self.proc.returncode
-                self.stop()
+                self.stop(keep_log=True)
                 raise RuntimeError(f"vLLM server for {self.model} exited ({rc}) while starting; log "
                                    f"{self.log_path}:\n{self._tail()}")
             try:
@@ -169,15 +170,17 @@ class VLLMServer:
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
                 pass
             time.sleep(0.5)
-        self.stop()
+        self.stop(keep_log=True)
         raise TimeoutError(f"vLLM server did not answer /health within {timeout:.0f}s; log {self.log_path}:\n"
                            f"{self._tail()}")
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def stop(self):
-        "Stop the server's whole process group: SIGTERM, then SIGKILL after 20 s."
+    def stop(self, keep_log: bool = False):
+        """Stop the server's whole process group: SIGTERM, then SIGKILL after 20 s. The temporary folder the server
+        made for itself (its log and the weights synced through it, ~0.6 GB per push of SmolLM2) goes too, unless
+        `keep_log` (a failed start, whose error names the log)."""
         if self.proc and self.proc.poll() is None:
             for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
                 try:
@@ -196,6 +199,8 @@ class VLLMServer:
                 pass
         if getattr(self, "_log", None):
             self._log.close()
+        if self._own_dir is not None and not keep_log:
+            shutil.rmtree(self._own_dir, ignore_errors=True)
 
     def __enter__(self):
         return self.start()
