@@ -13,8 +13,9 @@ from .report import diff_ci
 # %% auto #0
 __all__ = ['SHOP_HELD_OUT', 'SHOP_REGISTERED', 'LAB_HELD_OUT', 'LAB_UPDATE_REGISTERED', 'LAB_EXPLOITABLE_REGISTERED', 'perm_test',
            'signflip_test', 'boot_seeds', 'boot_episodes', 'holm', 'eval_rewards', 'learning_signal', 'eval_step_list',
-           'matched_step', 'Registered', 'registered_tests', 'registered_markdown', 'ask_shares', 'shop_registered',
-           'exploit_seeds', 'lab_registered', 'lab_update_registered', 'lab_exploitable_registered']
+           'matched_step', 'Registered', 'registered_tests', 'registered_markdown', 'evidence', 'save_evidence',
+           'load_evidence', 'seeds_figure', 'arms_markdown', 'ask_shares', 'shop_registered', 'exploit_seeds',
+           'lab_registered', 'lab_update_registered', 'lab_exploitable_registered']
 
 # %% ../nbs/44_prereg.ipynb #71f1ab2b
 def perm_test(a, b) -> float:
@@ -159,13 +160,25 @@ def _verdict(lo: float, hi: float, p: float, agree: int, n: int) -> str:
     return "shows a > b" if ok and lo > 0 else "reversed: a < b" if ok and hi < 0 else "not shown"
 
 
-def registered_tests(exp_dir, tests: list[Registered], B: int = 2000) -> list[dict]:
-    "One result row per registered test (see above); Holm's adjustment over the non-primary tests."
+def _test_values(src, t: Registered) -> tuple[list, list, list, list]:
+    "A test's per-seed rewards from an experiment folder or from its evidence (`evidence` below)."
+    if not isinstance(src, dict):
+        return _values(src, t)
+    if t.name not in src.get("tests", {}):
+        raise KeyError(f"the evidence has no test {t.name!r} (it has: {', '.join(src.get('tests', {})) or 'none'}); "
+                       "collect it again with evidence(exp_dir, tests)")
+    d = src["tests"][t.name]
+    return d["a"], d["b"], d["sa"], d["sb"]
+
+
+def registered_tests(src, tests: list[Registered], B: int = 2000) -> list[dict]:
+    """One result row per registered test (see above); Holm's adjustment over the non-primary tests. `src` is an
+    experiment's scale folder or the evidence collected from it (`evidence`): the same numbers either way."""
     from scope_nb.report import mean_ci
 
     rows = []
     for t in tests:
-        a, b, sa, sb = _values(exp_dir, t)
+        a, b, sa, sb = _test_values(src, t)
         n_pair = len(set(sa) & set(sb)) if t.paired else min(len(a), len(b))
         if n_pair < 2:   # an interval over seeds needs two of them
             rows.append(dict(test=t.name, a=t.a, b=t.b, primary=t.primary, paired=t.paired, seeds=(len(a), len(b)),
@@ -209,6 +222,98 @@ def registered_markdown(rows: list[dict]) -> str:
                    f"{r['p']:.3g} | {holm_p} | {r['agree']} of {r['n']} | {r['verdict']} |")
     return "\n".join(out)
 
+# %% ../nbs/44_prereg.ipynb #2619e76e
+def evidence(exp_dir, tests: list[Registered], experiment: str = "") -> dict:
+    """What `tests` read from an experiment's runs (per test: both arms' per-seed episode rewards and seeds), and per
+    arm its per-seed final mean on the primary (first) test's families: plain JSON, a few kB."""
+    ev = {"experiment": experiment, "families": list(tests[0].families), "tests": {}, "arms": {}}
+    for t in tests:
+        a, b, sa, sb = _values(exp_dir, t)
+        floats = lambda runs: [list(map(float, x)) for x in runs]
+        ev["tests"][t.name] = dict(a=floats(a), b=floats(b), sa=sa, sb=sb)
+    for arm in dict.fromkeys(x for t in tests for x in (t.a, t.b)):
+        runs = _runs(exp_dir, arm)
+        ev["arms"][arm] = dict(seeds=[int(r.name.rsplit("-s", 1)[1]) for r in runs],
+                               final=[float(np.mean(eval_rewards(r, tests[0].families))) for r in runs])
+    return ev
+
+
+def save_evidence(ev: dict, path) -> Path:
+    "Write evidence as JSON (atomically)."
+    import json
+    from scope_nb.files import atomic_write_text
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(path, json.dumps(ev, separators=(",", ":")) + "\n")
+    return path
+
+
+def load_evidence(path) -> dict:
+    "Read evidence written by `save_evidence`; a clear error naming the file when it is missing or not evidence."
+    import json
+
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no evidence file; run the experiment (its report writes "
+                                "report/evidence.json) or copy it into results/")
+    ev = json.loads(path.read_text())
+    if not isinstance(ev, dict) or "tests" not in ev or "arms" not in ev:
+        raise ValueError(f"{path}: not an evidence file (needs 'tests' and 'arms'; written by save_evidence)")
+    return ev
+
+
+def _write_report(src, text: str, ev: dict) -> str | None:
+    "On a scale folder: its report/registered.md and report/evidence.json (the path of the first); on evidence: None."
+    from scope_nb.files import atomic_write_text
+
+    if isinstance(src, dict):
+        return None
+    out = Path(src) / "report" / "registered.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, text)
+    save_evidence(ev, out.parent / "evidence.json")
+    return str(out)
+
+# %% ../nbs/44_prereg.ipynb #c283d221
+def seeds_figure(ev: dict, labels: dict | None = None, title: str = "", note: str = "", ax=None):
+    """Per arm of `ev`: each seed's final mean reward on `ev['families']` (dots), the mean over seeds and its 95%
+    Student-t interval (bar); `labels` renames arms, `note` is written under the title. Returns the figure."""
+    import matplotlib.pyplot as plt
+    from scope_nb.report import mean_ci
+
+    labels = labels or {}
+    arms = list(ev["arms"])
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(1.3 * len(arms) + 1.5, 3.2))
+    else:
+        fig = ax.figure
+    rng = np.random.default_rng(0)
+    for i, arm in enumerate(arms):
+        v = np.asarray(ev["arms"][arm]["final"], float)
+        ax.scatter(i + rng.uniform(-0.12, 0.12, len(v)), v, s=14, alpha=0.7, color="C0", zorder=2)
+        m, lo, hi = mean_ci(v)
+        ax.errorbar(i + 0.25, m, yerr=[[m - lo], [hi - m]] if len(v) > 1 else None, fmt="o", color="C3", capsize=3,
+                    zorder=3)
+    ax.set_xticks(range(len(arms)), [labels.get(a, a) for a in arms], rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel(f"final reward, {' + '.join(ev['families'])}", fontsize=8)
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3, axis="y")
+    ax.set_title(title + (f"\n{note}" if note else ""), fontsize=9)
+    return fig
+
+# %% ../nbs/44_prereg.ipynb #8fb07611
+def arms_markdown(ev: dict, labels: dict | None = None) -> str:
+    "Per arm of `ev`: seeds and the final mean reward on `ev['families']` with its 95% Student-t interval over seeds."
+    from scope_nb.report import mean_ci
+
+    labels = labels or {}
+    out = [f"| arm | seeds | final reward, {' + '.join(ev['families'])} [95% CI over seeds] |", "|---|---|---|"]
+    for arm, d in ev["arms"].items():
+        m, lo, hi = mean_ci(d["final"])
+        out.append(f"| {labels.get(arm, arm)} | {len(d['final'])} | {m:.3f} [{lo:.3f}, {hi:.3f}] |")
+    return "\n".join(out)
+
 # %% ../nbs/44_prereg.ipynb #66a2e212
 SHOP_HELD_OUT = ("traveler", "gemma-student", "gemma-parent")
 SHOP_REGISTERED = [
@@ -229,22 +334,19 @@ def ask_shares(exp_dir, arm: str) -> list[float]:
     return [float(np.mean([m["move"] == "ask" for m in eval_moves(r)])) for r in _runs(exp_dir, arm)]
 
 # %% ../nbs/44_prereg.ipynb #fd5d5feb
-def shop_registered(exp_dir, echo=print, tests=SHOP_REGISTERED, B: int = 2000) -> dict:
-    """The shop experiment's registered tests and mechanism check on the runs in `exp_dir` (an experiment's scale
-    folder); writes `report/registered.md` there and returns the rows."""
-    from scope_nb.files import atomic_write_text
-
-    rows = registered_tests(exp_dir, tests, B)
-    asks = ask_shares(exp_dir, "vs")
+def shop_registered(src, echo=print, tests=SHOP_REGISTERED, B: int = 2000) -> dict:
+    """The shop experiment's registered tests and mechanism check on the runs in `src` (an experiment's scale folder,
+    where it writes `report/registered.md` and `report/evidence.json`) or on its evidence; returns the rows and text."""
+    ev = src if isinstance(src, dict) else evidence(src, tests, "llm-collapse") | {"ask_shares": ask_shares(src, "vs")}
+    rows = registered_tests(ev, tests, B)
+    asks = ev["ask_shares"]
     mech = sum(a > 0.5 for a in asks) >= int(np.ceil(0.6 * len(asks))) and len(asks) >= 2
     text = (registered_markdown(rows) + "\n\nMechanism (VS seeds ask in more than half of their openings in at least "
             f"3 of 5 seeds): {sum(a > 0.5 for a in asks)} of {len(asks)} seeds "
             f"({', '.join(f'{a:.2f}' for a in asks)}): {'met' if mech else 'not met'}.\n")
-    out = Path(exp_dir) / "report" / "registered.md"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out, text)
+    out = _write_report(src, text, ev)
     echo(text)
-    return dict(rows=rows, ask_shares=asks, mechanism=mech, path=str(out))
+    return dict(rows=rows, ask_shares=asks, mechanism=mech, text=text, path=out)
 
 # %% ../nbs/44_prereg.ipynb #66abbc2a
 LAB_HELD_OUT = ("idealist", "analyst")
@@ -273,33 +375,33 @@ def exploit_seeds(exp_dir, arm: str, last: int = 10) -> list[bool]:
     return out
 
 # %% ../nbs/44_prereg.ipynb #b23e43db
-def lab_registered(exp_dir, tests, echo=print, B: int = 2000) -> dict:
+def lab_registered(src, tests, echo=print, B: int = 2000, experiment: str = "") -> dict:
     """A lab experiment's registered tests (every one Holm-corrected) and, per arm, its exploit-converged seeds against
-    the control's (each test's `b`), Fisher's exact p; writes `report/registered.md`."""
+    the control's (each test's `b`), Fisher's exact p; on a scale folder it writes `report/registered.md` and
+    `report/evidence.json`, on evidence it only computes."""
     from scipy.stats import fisher_exact
-    from scope_nb.files import atomic_write_text
 
-    rows = registered_tests(exp_dir, tests, B)
     arms = list(dict.fromkeys(a for t in tests for a in (t.a, t.b)))
-    ex = {a: exploit_seeds(exp_dir, a) for a in arms}
+    ev = src if isinstance(src, dict) else evidence(src, tests, experiment) | {
+        "exploit": {a: exploit_seeds(src, a) for a in arms}}
+    rows = registered_tests(ev, tests, B)
+    ex = ev["exploit"]
     lines = ["| arm | seeds on the exploit | against | Fisher p |", "|---|---|---|---|"]
     for t in tests:
         a, b = ex[t.a], ex[t.b]
         p = fisher_exact([[sum(a), len(a) - sum(a)], [sum(b), len(b) - sum(b)]])[1]
         lines.append(f"| {t.a} | {sum(a)} of {len(a)} | {t.b}: {sum(b)} of {len(b)} | {p:.3g} |")
     text = registered_markdown(rows) + "\n\n" + "\n".join(lines) + "\n"
-    out = Path(exp_dir) / "report" / "registered.md"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out, text)
+    out = _write_report(src, text, ev)
     echo(text)
-    return dict(rows=rows, exploit=ex, path=str(out))
+    return dict(rows=rows, exploit=ex, text=text, path=out)
 
 
-def lab_update_registered(exp_dir, echo=print) -> dict:
-    "`lab-paper-update`'s analysis."
-    return lab_registered(exp_dir, LAB_UPDATE_REGISTERED, echo)
+def lab_update_registered(src, echo=print) -> dict:
+    "`lab-paper-update`'s analysis (a scale folder or its evidence)."
+    return lab_registered(src, LAB_UPDATE_REGISTERED, echo, experiment="lab-paper-update")
 
 
-def lab_exploitable_registered(exp_dir, echo=print) -> dict:
-    "`lab-exploitable-ref`'s analysis."
-    return lab_registered(exp_dir, LAB_EXPLOITABLE_REGISTERED, echo)
+def lab_exploitable_registered(src, echo=print) -> dict:
+    "`lab-exploitable-ref`'s analysis (a scale folder or its evidence)."
+    return lab_registered(src, LAB_EXPLOITABLE_REGISTERED, echo, experiment="lab-exploitable-ref")
