@@ -64,13 +64,16 @@ def read_jsonl(path: str | os.PathLike) -> list[Episode]:
     return out
 
 
-def save_figure(fig, out: str | os.PathLike, name: str) -> list[Path]:
-    "Write `fig` as out/name.png (130 dpi) and out/name.svg, each atomically, and close it."
+def save_figure(fig, out: str | os.PathLike, name: str, note: str = "") -> list[Path]:
+    """Write `fig` as out/name.png (130 dpi) and out/name.svg, each atomically, and close it; `note` is printed under
+    the figure (what kind of evidence it is)."""
     import matplotlib.pyplot as plt
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
+    if note:
+        fig.text(0.5, 0.0, note, ha="center", va="top", fontsize=7, style="italic")
     paths = [out / f"{name}.png", out / f"{name}.svg"]
     for p in paths:
         tmp = p.with_name(f".{p.name}.tmp")

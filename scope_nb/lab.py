@@ -17,10 +17,10 @@ from .verbalized import VSConfig, VSParse
 
 # %% auto #0
 __all__ = ['CONCERNS', 'PITCHES', 'ADDRESSES', 'ASK', 'TOPICS', 'LAB_VOCAB', 'FAMILIES', 'SEEN_FAMILIES', 'UNSEEN_FAMILIES',
-           'MODE_EXPLOIT_GAP', 'VS_RECOVERY', 'PERSONA_SIGMA', 'BASE_OPENINGS', 'STRATEGIES', 'family_distribution',
-           'outcome_of', 'LabEnv', 'parse_lab_spec', 'LabSimulator', 'measure_lab_simulators', 'lab_agent', 'lab_user',
-           'is_lab_spec', 'check_lab_spec', 'lab_speaker', 'strategy_stats', 'strategy_shares', 'fig_lab_strategies',
-           'fig_lab_payoffs']
+           'MODE_EXPLOIT_GAP', 'VS_RECOVERY', 'PERSONA_SIGMA', 'BASE_OPENINGS', 'STRATEGIES', 'LAB_NOTE',
+           'family_distribution', 'outcome_of', 'LabEnv', 'parse_lab_spec', 'LabSimulator', 'measure_lab_simulators',
+           'lab_agent', 'lab_user', 'is_lab_spec', 'check_lab_spec', 'lab_speaker', 'strategy_stats', 'strategy_shares',
+           'fig_lab_strategies', 'fig_lab_payoffs']
 
 # %% ../nbs/33_lab.ipynb #406e7b92
 CONCERNS = ("price", "trust", "time", "impact", "proof")
@@ -405,6 +405,9 @@ def strategy_shares(run_dir) -> tuple[list[int], dict[str, list[float]]]:
     return steps, shares
 
 
+LAB_NOTE = "The lab (33_lab): a model in which the mechanism is assumed, not evidence about LLM simulators."
+
+
 def _method_panels(groups, draw, ylabel: str, title: str, out, name: str) -> list:
     """One panel per method (up to 5 per row, shared y axis, methods without training steps left out): `draw(ax, runs)`
     fills a panel; the figure is saved as out/name.png and .svg."""
@@ -428,7 +431,7 @@ def _method_panels(groups, draw, ylabel: str, title: str, out, name: str) -> lis
     axes[0][0].set_ylabel(ylabel)
     axes[0][0].legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
-    return save_figure(fig, out, name)
+    return save_figure(fig, out, name, LAB_NOTE)
 
 
 def fig_lab_strategies(groups, out) -> list:

@@ -259,17 +259,17 @@ def _bands(ax, groups, key, label_suffix="", ls="-"):
     return drawn
 
 
-def fig_series(groups, key: str, title: str, ylabel: str, out: Path, name: str) -> list[Path]:
+def fig_series(groups, key: str, title: str, ylabel: str, out: Path, name: str, note: str = "") -> list[Path]:
     "One metric per method over steps, mean ± 1σ over seeds."
     fig, ax = _fig(title, ylabel)
     if _bands(ax, groups, key):
         ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
     else:
         ax.text(0.5, 0.5, f"no {key} in these runs", ha="center", transform=ax.transAxes)
-    return save_figure(fig, out, name)
+    return save_figure(fig, out, name, note)
 
 
-def fig_eval_reward(groups, out: Path) -> list[Path]:
+def fig_eval_reward(groups, out: Path, note: str = "") -> list[Path]:
     """Held-out eval reward: all panel simulators, the seen ones and the unseen ones in three panels, mean ± 1σ over
     seeds."""
     import matplotlib
@@ -291,10 +291,10 @@ def fig_eval_reward(groups, out: Path) -> list[Path]:
     handles, labels = axes[0].get_legend_handles_labels()
     if handles:
         fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7)
-    return save_figure(fig, out, "eval_reward")
+    return save_figure(fig, out, "eval_reward", note)
 
 
-def fig_group_fractions(groups, out: Path) -> list[Path]:
+def fig_group_fractions(groups, out: Path, note: str = "") -> list[Path]:
     "Fractions of zero-variance, all-success and all-failure groups, one panel each (paper Fig. 19)."
     import matplotlib
 
@@ -317,7 +317,7 @@ def fig_group_fractions(groups, out: Path) -> list[Path]:
     handles, labels = axes[0].get_legend_handles_labels()
     if handles:
         fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7)
-    return save_figure(fig, out, "group_fractions")
+    return save_figure(fig, out, "group_fractions", note)
 
 # %% ../nbs/40_report.ipynb #da0ade61
 def report(run_dirs, out_dir, echo=print, comparisons=None) -> dict:
@@ -329,23 +329,29 @@ def report(run_dirs, out_dir, echo=print, comparisons=None) -> dict:
     for p in problems:
         echo(f"warning: {p}")
     groups = by_method(runs)
+    lab = any(r.config.get("env", {}).get("name") == "lab" for rs in groups.values() for r in rs)
+    from scope_nb.lab import LAB_NOTE  # every lab figure says what kind of evidence it is
+
+    note = LAB_NOTE if lab else ""
     figs = []
-    figs += fig_series(groups, "train/reward", "Training reward", "reward", out, "training_reward")
-    figs += fig_eval_reward(groups, out)
-    figs += fig_series(groups, "train/entropy", "Policy entropy", "nats / token", out, "entropy")
-    figs += fig_group_fractions(groups, out)
-    figs += fig_series(groups, "train/turns", "Agent turns per episode", "turns", out, "turns")
-    figs += fig_series(groups, "sim/reward", "Simulator reward", "reward", out, "sim_reward")
+    figs += fig_series(groups, "train/reward", "Training reward", "reward", out, "training_reward", note)
+    figs += fig_eval_reward(groups, out, note)
+    figs += fig_series(groups, "train/entropy", "Policy entropy", "nats / token", out, "entropy", note)
+    figs += fig_group_fractions(groups, out, note)
+    figs += fig_series(groups, "train/turns", "Agent turns per episode", "turns", out, "turns", note)
+    figs += fig_series(groups, "sim/reward", "Simulator reward", "reward", out, "sim_reward", note)
     has = lambda k: any(r.series(k)[0].size for rs in groups.values() for r in rs)
     if has("sim/entropy"):
         figs += fig_series(
-            groups, "sim/entropy", "Simulator policy entropy (trained simulators)", "nats / token", out, "sim_entropy"
+            groups, "sim/entropy", "Simulator policy entropy (trained simulators)", "nats / token", out, "sim_entropy",
+            note,
         )
     if has("sim/collapse_eps"):
         figs += fig_series(
-            groups, "sim/collapse_eps", "Simulator collapse error ε̂_φ (direct meter)", "ε̂_φ", out, "collapse_eps"
+            groups, "sim/collapse_eps", "Simulator collapse error ε̂_φ (direct meter)", "ε̂_φ", out, "collapse_eps",
+            note,
         )
-    if any(r.config.get("env", {}).get("name") == "lab" for rs in groups.values() for r in rs):
+    if lab:
         from scope_nb.lab import fig_lab_strategies, fig_lab_payoffs
 
         figs += fig_lab_strategies(groups, out)

@@ -82,7 +82,8 @@ def fig_sweep(table: list[dict], name: str, scale: str, out) -> list:
     ax.set(xlabel=e.sweep["x"], ylabel="held-out reward, unseen families", title=f"{name}: dose-response")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    return save_figure(fig, Path(out), f"{name}_sweep")
+    from scope_nb.lab import LAB_NOTE
+    return save_figure(fig, Path(out), f"{name}_sweep", LAB_NOTE if scale == "lab" else "")
 
 
 def run_experiment(
