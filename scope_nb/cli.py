@@ -344,7 +344,8 @@ def _experiment(args) -> None:
                 args.steps,
                 overrides=args.overrides,
             )
-            print(table_markdown(res["table"]))
+            if res["table"]:  # a measurement-only experiment (llm-sims, vs-reference) has no training runs to tabulate
+                print(table_markdown(res["table"]))
             if res["comparisons"]:
                 from scope_nb.report import comparisons_markdown
 

@@ -11,7 +11,7 @@ from .shop_measure import measure_family, OUTCOMES
 
 # %% auto #0
 __all__ = ['VS_REFERENCE_FAMILIES', 'tv', 'decided', 'entropy_bits', 'flatten_to', 'compare_to_reference', 'measure_reference',
-           'reference_markdown', 'run_vs_reference']
+           'reference_markdown', 'run_vs_reference', 'reference_results', 'reference_figure']
 
 # %% ../nbs/39_vs_reference.ipynb #b78c06fd
 def tv(p, q) -> float:
@@ -89,8 +89,10 @@ def compare_to_reference(X_ref, X_plain, X_vs, B: int = 2000, seed: int = 0) -> 
 
 # %% ../nbs/39_vs_reference.ipynb #5abf2197
 def measure_reference(family: str, servers, n_ref: int = 400, n_plain: int = 200, vs_calls: int = 40,
-                      vs_n: int = 5, seed: int = 0) -> dict:
-    "Per-call outcome weights of one chat family: the T = 1 reference, plain at its temperature, and VS (`vs-prob`)."
+                      vs_n: int = 5, seed: int = 0, echo=lambda *a: None) -> dict:
+    """Per-call outcome weights of one chat family: the T = 1 reference, plain at its temperature, and VS (`vs-prob`);
+    `echo` hears each stage as it starts (the calls go to the server in batches)."""
+    import time
     from scope_nb.simulators import ApiSpeaker
 
     fam = SHOP_FAMILIES.get(family)
@@ -100,9 +102,15 @@ def measure_reference(family: str, servers, n_ref: int = 400, n_plain: int = 200
     make = lambda f, s: ShopSimulator(f, ApiSpeaker(servers.api_config(f.model, max_tokens=8 if s != "vs" else 256),
                                                     name=f"{family}-{s}", temperature=f.temperature,
                                                     seed=seed + (1000 if s == "ref" else 0)))
+    t0 = time.perf_counter()
+    stage = lambda what: echo(f"vs-reference: {family}: {what} ({time.perf_counter() - t0:.0f} s)")
+    stage(f"{n_ref} reference answers (plain, T = 1)")
     ref = measure_family(make(replace(fam, temperature=1.0), "ref"), "plain", n=n_ref)
+    stage(f"{n_plain} plain answers (T = {fam.temperature:g})")
     plain = measure_family(make(fam, "plain"), "plain", n=n_plain)
+    stage(f"{vs_calls} VS calls of {vs_n} candidates")
     vs = measure_family(make(fam, "vs"), "vs-prob", vs_calls=vs_calls, vs_n=vs_n, seed=seed)
+    stage("done")
     return dict(family=family, temperature=fam.temperature, X_ref=ref["X"], X_plain=plain["X"], X_vs=vs["X"],
                 vs_parsed=vs["parsed"], vs_calls=vs["calls"], failed=ref["failed"] + plain["failed"] + vs["failed"])
 
@@ -138,10 +146,11 @@ VS_REFERENCE_FAMILIES = ("fashion-fixed", "student")  # the collapsed customer, 
 def run_vs_reference(out, echo=print, progress: bool = True, families=VS_REFERENCE_FAMILIES, n_ref: int = 400,
                      n_plain: int = 200, vs_calls: int = 40, B: int = 2000) -> dict:
     """`scope experiment run vs-reference`: measure each family (or reuse `out/vs_reference.json`), compare, write
-    `vs_reference.md`; returns {results, seconds, files}."""
+    `vs_reference.md` and its figure (`progress`: each measuring stage is echoed); returns {results, seconds,
+    files}."""
     import json, time
     from pathlib import Path
-    from scope_nb.files import atomic_write_text
+    from scope_nb.files import atomic_write_text, save_figure
     from scope_nb.sim_modes import Servers
 
     out = Path(out)
@@ -152,14 +161,53 @@ def run_vs_reference(out, echo=print, progress: bool = True, families=VS_REFEREN
         echo(f"vs-reference: reusing {f}")
     else:
         with Servers() as servers:
-            raw = [measure_reference(fam, servers, n_ref, n_plain, vs_calls) for fam in families]
+            raw = [measure_reference(fam, servers, n_ref, n_plain, vs_calls, echo=echo if progress else lambda *a: None)
+                   for fam in families]
         raw = [{k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in m.items()} for m in raw]
         raw = dict(families=raw, seconds=time.perf_counter() - t0)
         atomic_write_text(f, json.dumps(raw))
-    results = [dict(m, comparison=compare_to_reference(m["X_ref"], m["X_plain"], m["X_vs"], B=B))
-               for m in raw["families"]]
+    results = reference_results(raw, B=B)
     text = reference_markdown(results)
     atomic_write_text(out / "vs_reference.md", text + "\n")
-    echo(f"vs-reference ({raw['seconds']:.0f} s of measurement): {out / 'vs_reference.md'}")
+    figs = save_figure(reference_figure(results), out, "vs_reference")
+    echo(f"vs-reference ({raw['seconds']:.0f} s of measurement): {out / 'vs_reference.md'}, {figs[0]}")
     echo(text)
-    return dict(results=results, seconds=raw["seconds"], files=[str(f), str(out / "vs_reference.md")])
+    return dict(results=results, seconds=raw["seconds"], files=[str(f), str(out / "vs_reference.md"), *map(str, figs)])
+
+# %% ../nbs/39_vs_reference.ipynb #a76a9bda
+def reference_results(raw: dict, B: int = 2000) -> list[dict]:
+    "Each measured family of a `vs_reference.json` with its `compare_to_reference` result under `comparison`."
+    return [dict(m, comparison=compare_to_reference(m["X_ref"], m["X_plain"], m["X_vs"], B=B)) for m in raw["families"]]
+
+
+def reference_figure(results: list[dict]):
+    """Per family: the reference, plain, VS and flattened plain over the six classes (top), and each compared
+    distribution's TV to the reference on six classes with its 95% interval, the plain sample's floor dashed
+    (bottom)."""
+    import matplotlib.pyplot as plt
+
+    kinds, colors = ("plain", "VS", "flattened plain"), ("tab:red", "tab:blue", "tab:gray")
+    fig, ax = plt.subplots(2, len(results), figsize=(5.2 * len(results), 6.4), squeeze=False)
+    x = np.arange(len(OUTCOMES))
+    for j, m in enumerate(results):
+        c, R = m["comparison"], np.asarray(m["X_ref"], float).mean(0)
+        P, V = np.asarray(m["X_plain"], float).mean(0), np.asarray(m["X_vs"], float).mean(0)
+        dists = {"plain": P, "VS": V, "flattened plain": flatten_to(P, entropy_bits(V))}
+        a = ax[0, j]
+        a.bar(x - 0.3, R, 0.2, color="black", label="reference (plain, T = 1)")
+        for k, (name, col) in enumerate(zip(kinds, colors)):
+            a.bar(x - 0.1 + 0.2 * k, dists[name], 0.2, color=col, label=name)
+        a.set_xticks(x, OUTCOMES, fontsize=8)
+        a.set_ylabel("share of answers")
+        a.set_title(f"{m['family']} (T = {m['temperature']:g}): {c['verdict']}", fontsize=9)
+        a.legend(fontsize=7)
+        b, names = ax[1, j], (*kinds[:2], "uniform", kinds[2])
+        est = [c["est"]["six"][k] for k in names]
+        lo, hi = zip(*(c["ci"]["six"][k] for k in names))
+        b.bar(range(4), est, color=("tab:red", "tab:blue", "tab:olive", "tab:gray"),
+              yerr=[np.subtract(est, lo), np.subtract(hi, est)], capsize=4)
+        b.axhline(c["floor"]["plain"], ls="--", color="black", lw=0.8, label="sampling floor (plain's n)")
+        b.set_xticks(range(4), names, fontsize=8)
+        b.set_ylabel("TV to the reference, 6 classes")
+        b.legend(fontsize=7)
+    return fig

@@ -141,6 +141,40 @@ def test_cli_experiment_show_writes_gpu_configs(tmp_path):
     assert r.returncode == 2 and "launch/" in r.stderr
 
 
+def _registered_design(exp: str, out: Path, seeds: int, steps: int | None = None) -> tuple[str, str]:
+    "Run a registered lab design through the CLI; its stdout and its report/registered.md."
+    cmd = [str(Path(sys.executable).parent / "scope"), "experiment", "run", exp, "--scale", "lab", "--seeds", str(seeds),
+           "--out", str(out), "--jobs", "1"] + (["--steps", str(steps)] if steps else [])
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    root = out / exp / "lab" / "report"
+    ev = json.loads((root / "evidence.json").read_text())
+    assert ev["experiment"] == exp and len(ev["exploit"]) >= 4, ev.keys()
+    return r.stdout, (root / "registered.md").read_text()
+
+
+@pytest.mark.parametrize("exp", ["lab-paper-update", "lab-exploitable-ref"])
+def test_registered_lab_design_smoke(tmp_path, exp):
+    """Each registered lab design for 2 steps and 2 seeds through the CLI: its report holds the 5 registered tests
+    (Holm) and the exploit counts per arm (Fisher), prints them, and writes the evidence the notebooks read."""
+    out, reg = _registered_design(exp, tmp_path, seeds=2, steps=2)
+    assert reg.count(" of 2 | ") >= 5 and "Holm" in reg and "Fisher p" in reg, reg
+    assert "Fisher p" in out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("exp", ["lab-paper-update", "lab-exploitable-ref"])
+def test_registered_lab_design_full(tmp_path, exp):
+    """The registered run (`make lab`'s last line): 10 seeds of every arm; every test over 10 seeds per arm, and the
+    result's headline agrees with the one recorded in results/ (42_runner computes its tables from that file)."""
+    _, reg = _registered_design(exp, tmp_path, seeds=10)
+    assert reg.count(" of 10 | ") >= 5, reg
+    from scope_nb.prereg import load_evidence
+    ours = json.loads((tmp_path / exp / "lab" / "report" / "evidence.json").read_text())
+    recorded = load_evidence(Path(__file__).parents[1] / "results" / f"{exp}.json")
+    assert ours["exploit"] == recorded["exploit"], (ours["exploit"], recorded["exploit"])   # the lab is deterministic per seed
+
+
 @pytest.mark.slow
 def test_collapse_lab_five_seeds_with_controls(tmp_path):
     "The acceptance run: every arm and control over 5 seeds through the CLI in under 15 minutes, verdicts from the CIs."

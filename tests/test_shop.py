@@ -70,8 +70,11 @@ def test_vs_reference_smoke(tmp_path):
     """The registered VS-reference measurement at tiny sizes on the real servers: every comparison row and a verdict are
     written, and a second call reuses the measurement."""
     from scope_nb.vs_reference import run_vs_reference
-    res = run_vs_reference(tmp_path, echo=lambda *a: None, progress=False, families=("fashion-fixed",), n_ref=8, n_plain=6,
-                           vs_calls=2, B=50)
+    heard = []
+    res = run_vs_reference(tmp_path, echo=heard.append, families=("fashion-fixed",), n_ref=8, n_plain=6, vs_calls=2, B=50)
+    assert [h.split(": ")[2].split(" (")[0] for h in heard[:4]] == [
+        "8 reference answers", "6 plain answers", "2 VS calls of 5 candidates", "done"], heard   # each stage announced
+    assert (tmp_path / "vs_reference.png").exists()
     text = (tmp_path / "vs_reference.md").read_text()
     assert text.count("| fashion-fixed (T = 0.3) |") == 4 and "**" in text, text
     m = res["results"][0]
@@ -79,6 +82,22 @@ def test_vs_reference_smoke(tmp_path):
     said = []
     run_vs_reference(tmp_path, echo=said.append, families=("fashion-fixed",))
     assert "reusing" in said[0]
+
+
+@pytest.mark.slow
+def test_vs_reference_full_run(tmp_path):
+    """The registered VS-reference measurement (`scope experiment run vs-reference`) at its registered sizes: 400
+    reference, 200 plain answers and 40 VS calls per family, no failed call, a verdict per family printed."""
+    r = subprocess.run([SCOPE, "experiment", "run", "vs-reference", "--scale", "cpu-llm", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=3 * 3600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    raw = json.loads(next(tmp_path.rglob("vs_reference.json")).read_text())
+    assert [m["family"] for m in raw["families"]] == ["fashion-fixed", "student"]
+    for m in raw["families"]:
+        assert (len(m["X_ref"]), len(m["X_plain"]), m["vs_calls"], m["failed"]) == (400, 200, 40, 0), m["family"]
+        assert m["vs_parsed"] >= 30, m["vs_parsed"]   # most VS calls give a usable list
+    text = next(tmp_path.rglob("vs_reference.md")).read_text()
+    assert text.count("| **") == 2 and text.splitlines()[-1] in r.stdout
 
 
 @pytest.mark.slow

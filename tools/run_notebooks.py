@@ -11,7 +11,7 @@ import os, subprocess, sys, time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SHOWN = ["00_theory", "24_collapse", "33_lab", "40_report", "42_runner", "44_prereg"]   # the notebooks whose outputs a reader benefits from
+SHOWN = ["00_theory", "24_collapse", "33_lab", "39_vs_reference", "40_report", "42_runner", "44_prereg"]   # the notebooks whose outputs a reader benefits from
 DPI = 72
 
 
