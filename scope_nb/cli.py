@@ -248,6 +248,8 @@ def _parser() -> argparse.ArgumentParser:
     xr.add_argument("--jobs", type=int, default=2, help="runs side by side (processes)")
     xr.add_argument("--arms", default="", help="comma-separated subset of arms")
     xr.add_argument("--steps", type=int, default=None, help="override run.steps")
+    xr.add_argument("--skip-gate", action="store_true", help="train even if the experiment's registered gate on "
+                    "its measurement fails (smoke tests; the output says so)")
     xr.add_argument(
         "--set",
         dest="overrides",
@@ -343,6 +345,7 @@ def _experiment(args) -> None:
                 [a for a in args.arms.split(",") if a] or None,
                 args.steps,
                 overrides=args.overrides,
+                gate=not args.skip_gate,
             )
             if res["table"]:  # a measurement-only experiment (llm-sims, vs-reference) has no training runs to tabulate
                 print(table_markdown(res["table"]))

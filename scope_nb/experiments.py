@@ -44,6 +44,9 @@ class Experiment:
     measure: str = ""
     # "module:function(exp_dir, echo=)" run after the report: the experiment's pre-registered tests (44_prereg)
     analysis: str = ""
+    # "module:function(measured, user_model)" after the measurement, before any training: '' to go on, else why the
+    # registered design stops (e.g. the customer RL (Single) trains against is no longer collapsed)
+    gate: str = ""
 
 
 def merge(base: dict, over: dict) -> dict:
@@ -411,6 +414,7 @@ EXPERIMENTS: dict[str, Experiment] = {
             comparisons=SHOP_COMPARISONS,
             measure="scope_nb.shop_measure:run_measurement",
             analysis="scope_nb.prereg:shop_registered",
+            gate="scope_nb.shop_measure:collapse_gate",
         ),
         _table1("p4g", "Table 1, P4G column"),
         _table1("tau2-retail", "Table 1, τ² retail"),

@@ -86,6 +86,27 @@ def fig_sweep(table: list[dict], name: str, scale: str, out) -> list:
     return save_figure(fig, Path(out), f"{name}_sweep", LAB_NOTE if scale == "lab" else "")
 
 
+def _check_gate(exp, scale: str, measured, overrides, echo, enforce: bool = True) -> None:
+    """Run the experiment's registered gate on its measurement, with the family RL (Single) trains against (its arm's
+    `user.model`, overrides applied); raise with the gate's reason unless it passes or `enforce` is False."""
+    if not exp.gate:
+        return
+    import importlib
+    from scope_nb.experiments import experiment_dicts
+
+    mod, fn = exp.gate.split(":")
+    arm = "rl-single" if any(a.name == "rl-single" for a in exp.scales[scale][1]) else None
+    user = experiment_dicts(exp.name, scale, (0,), "runs", [arm] if arm else None, overrides=overrides)[0]["user"]
+    why = getattr(importlib.import_module(mod), fn)(measured, user["model"])
+    if not why:
+        echo(f"{exp.name}: gate passed ({user['model']} is collapsed enough to train against)")
+    elif enforce:
+        raise RuntimeError(f"{exp.name}: the registered gate stops the run before training: {why} "
+                           "(`--skip-gate` runs it anyway, e.g. for a smoke test)")
+    else:
+        echo(f"{exp.name}: gate NOT passed, run anyway (--skip-gate): {why}")
+
+
 def run_experiment(
     name: str,
     scale: str = "lab",
@@ -97,8 +118,11 @@ def run_experiment(
     progress: bool = True,
     echo=print,
     overrides=None,
+    gate: bool = True,
 ) -> dict:
-    "Run (or continue) every arm × seed of an experiment, then write its report; returns the report summary."
+    """Run (or continue) every arm × seed of an experiment, then write its report; returns the report summary. An
+    experiment with a gate stops after its measurement when the gate fails (`gate=False` runs it anyway and says
+    so)."""
     from concurrent.futures import ProcessPoolExecutor
     import multiprocessing as mp
     from tqdm.auto import tqdm
@@ -114,6 +138,7 @@ def run_experiment(
         res_measure = getattr(importlib.import_module(mod), fn)(
             Path(out) / name / scale / "measure", echo=echo, progress=progress
         )
+        _check_gate(exp, scale, res_measure, overrides, echo, gate)
     if not cfgs:
         return dict(
             measure=res_measure,

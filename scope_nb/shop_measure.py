@@ -6,13 +6,13 @@
 from __future__ import annotations
 import numpy as np
 from .core import Request
-from .shop import (CONCERNS, SHOP_FAMILIES, SHOP_SEEN, ShopEnv, ShopSimulator, agent_action,
+from .shop import (CONCERNS, SHOP_FAMILIES, SHOP_GAP, SHOP_SEEN, ShopEnv, ShopSimulator, agent_action,
                            label_concern, shop_outcome, shop_speaker)
 
 # %% auto #0
 __all__ = ['OUTCOMES', 'SHOP_MODES', 'call_stats', 'measure_family', 'measure_shop', 'measure_table', 'fig_shop_measure',
-           'run_measurement', 'first_moves', 'answers_by_position', 'eval_dir', 'eval_moves', 'move_summary',
-           'move_table']
+           'run_measurement', 'collapse_gate', 'first_moves', 'answers_by_position', 'eval_dir', 'eval_moves',
+           'move_summary', 'move_table']
 
 # %% ../nbs/38_shop_measure.ipynb #f91e30ae
 OUTCOMES = CONCERNS + ("none",)
@@ -300,6 +300,30 @@ def run_measurement(
     echo(f"simulator measurement ({res['seconds']:.0f} s): {out / 'measure.md'}")
     echo(measure_table(res["rows"]))
     return dict(res, files=[str(f), str(out / "measure.md"), *map(str, figs)])
+
+# %% ../nbs/38_shop_measure.ipynb #b133ef8b
+def collapse_gate(measured: dict | None, user_model: str, gap: float = SHOP_GAP, min_answers: int = 200) -> str:
+    """'' if the customer family RL (Single) trains against (`user_model`, "shop:<family>") was measured plain on at
+    least `min_answers` answers and the 95% interval of its modal share of decided answers, 1 − ε, lies above 1 − Δ;
+    otherwise why not, and what to do."""
+    fam = user_model.split(":", 1)[1] if user_model.startswith("shop:") else None
+    if fam is None:
+        return f"user.model = {user_model!r} is not a shop family (shop:<family>); the gate reads shop measurements"
+    if not measured:
+        return f"no measurement of {fam}: the gate needs the experiment's measurement to run first"
+    row = next((r for r in measured["rows"] if r["family"] == fam and r["mode"] == "plain"), None)
+    if row is None:
+        return f"{fam} was not measured plain; measure it (run_measurement(families=...)) before training against it"
+    if measured.get("n", 0) < min_answers:
+        return (f"{fam} was measured on {measured.get('n', 0)} plain answers; the gate needs at least {min_answers} "
+                f"(delete the measure folder and rerun the experiment to measure at full size)")
+    if row["eps"] is None or row["eps_hi"] is None or row["eps_hi"] >= gap:
+        share = "none decided" if row["eps"] is None else (
+            f"{1 - row['eps']:.2f} [{1 - row['eps_hi']:.2f}, {1 - row['eps_lo']:.2f}] ({row['modal']})")
+        return (f"{fam}'s modal share of decided answers is {share}, not clearly above 1 − Δ = {1 - gap:.2f}: "
+                f"pitching its mode does not beat asking, so RL (Single) has no exploit to learn; train against a more "
+                f"collapsed customer (user.model)")
+    return ""
 
 # %% ../nbs/38_shop_measure.ipynb #3c74d4a9
 def first_moves(agent, split: str = "train", samples: int = 4) -> dict:

@@ -40,11 +40,15 @@ def test_llm_collapse_two_step_smoke(tmp_path):
     small = ["--set", "grpo.batch_tasks=2", "--set", "grpo.group_size=2", "--set", "eval.tasks=1", "--set", "user.vs.attempts=1",
              "--set", f"eval.panel=[{panel}]", *[a for k in ("every=2", "tasks=1", "agent_draws=2", "sim_draws=2") for a in ("--set", f"eval.variance_split.{k}")]]
     arms = ("base", "rl-single", "vs", "co-training", "rl-uncollapsed")
-    r = subprocess.run([SCOPE, "experiment", "run", "llm-collapse", "--scale", "cpu-llm", "--seeds", "2", "--steps", "2",
-                        "--arms", ",".join(arms), "--out", str(out), "--jobs", "3", *small],
-                       capture_output=True, text=True, timeout=1500)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    cmd = [SCOPE, "experiment", "run", "llm-collapse", "--scale", "cpu-llm", "--seeds", "2", "--steps", "2",
+           "--arms", ",".join(arms), "--out", str(out), "--jobs", "3", *small]
     root = out / "llm-collapse" / "cpu-llm"
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)   # the registered gate: 6 answers are too few
+    assert r.returncode == 2 and "registered gate stops the run before training" in r.stderr, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "fashion-fixed was measured on 6 plain answers" in r.stderr and not list(root.glob("*-s0")), r.stderr
+    r = subprocess.run(cmd + ["--skip-gate"], capture_output=True, text=True, timeout=1500)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "gate NOT passed, run anyway" in r.stdout
     assert "reusing" in r.stdout and (root / "measure" / "measure.md").exists() and (root / "measure" / "shop_measure.png").exists()
     for arm in arms[1:]:
         rows = _rows(root / f"{arm}-s1")
@@ -109,6 +113,7 @@ def test_llm_collapse_full_run(tmp_path):
     r = subprocess.run([SCOPE, "experiment", "run", "llm-collapse", "--scale", "cpu-llm", "--seeds", "5", "--out", str(out)],
                        capture_output=True, text=True, timeout=12 * 3600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "gate passed (shop:fashion-fixed" in r.stdout   # the training customer is still collapsed at full size
     root = out / "llm-collapse" / "cpu-llm"
     m = json.loads((root / "measure" / "measure.json").read_text())
     assert m["seconds"] < 15 * 60, m["seconds"]
@@ -140,7 +145,7 @@ def test_llm_collapse_rl_single_trains_on_vllm(tmp_path):
                     echo=lambda *a: None, progress=False)   # the report's table; training does not read it
     sets = ["agent.engine='vllm'", "user.model='shop:fashion-fixed'", "eval.tasks=2"]   # a light evaluation
     r = subprocess.run([SCOPE, "experiment", "run", "llm-collapse", "--scale", "cpu-llm", "--seeds", "2", "--arms", "rl-single",
-                        "--out", str(out), "--jobs", "1", *[a for x in sets for a in ("--set", x)]],
+                        "--out", str(out), "--jobs", "1", "--skip-gate", *[a for x in sets for a in ("--set", x)]],
                        capture_output=True, text=True, timeout=120 * 60)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     starts, ends = [], []
