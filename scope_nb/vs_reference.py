@@ -51,7 +51,7 @@ def _dists(R, P, V) -> dict:
     out = {"plain": p, "VS": v, "uniform": np.full(6, 1 / 6), "flattened plain": flatten_to(p, entropy_bits(v))}
     six = {k: tv(q, r) for k, q in out.items()}
     five = {k: tv(decided(q), decided(r)) for k, q in out.items()}
-    return dict(six=six, five=five, none={k: float(q[5]) for k, q in out.items()},
+    return dict(six=six, five=five, none={k: float(q[5]) for k, q in out.items()}, dist={"reference": r, **out},
                 rho=1 - six["VS"] / six["plain"] if six["plain"] > 0 else np.nan,
                 rho5=1 - five["VS"] / five["plain"] if five["plain"] > 0 else np.nan)
 
@@ -190,11 +190,9 @@ def reference_figure(results: list[dict]):
     fig, ax = plt.subplots(2, len(results), figsize=(5.2 * len(results), 6.4), squeeze=False)
     x = np.arange(len(OUTCOMES))
     for j, m in enumerate(results):
-        c, R = m["comparison"], np.asarray(m["X_ref"], float).mean(0)
-        P, V = np.asarray(m["X_plain"], float).mean(0), np.asarray(m["X_vs"], float).mean(0)
-        dists = {"plain": P, "VS": V, "flattened plain": flatten_to(P, entropy_bits(V))}
-        a = ax[0, j]
-        a.bar(x - 0.3, R, 0.2, color="black", label="reference (plain, T = 1)")
+        c = m["comparison"]
+        dists, a = c["est"]["dist"], ax[0, j]   # the point distributions compare_to_reference measured
+        a.bar(x - 0.3, dists["reference"], 0.2, color="black", label="reference (plain, T = 1)")
         for k, (name, col) in enumerate(zip(kinds, colors)):
             a.bar(x - 0.1 + 0.2 * k, dists[name], 0.2, color=col, label=name)
         a.set_xticks(x, OUTCOMES, fontsize=8)
