@@ -76,15 +76,16 @@ def memory_estimate(plan, gpu_gb: float = GPU_MEMORY_GB, speed: float | None = N
         if P is None:
             out.append(f"  {g.role}: {g.model}: no size in the name; no estimate")
             continue
-        held = (4 + 8 + (4 if plan.config["grpo"].get("kl_coef", 0) > 0 else 0)) * P / n / 1e9
-        grads, engine = 4 * P / n / 1e9, ENGINE_MEM_FRACTION * gpu_gb
-        gen, upd = held + engine, held + grads
+        # the launcher colocates each rank with its engine: AdamW's moments wait in CPU memory while it generates
+        held = (4 + (4 if plan.config["grpo"].get("kl_coef", 0) > 0 else 0)) * P / n / 1e9
+        adam, grads, engine = 8 * P / n / 1e9, 4 * P / n / 1e9, ENGINE_MEM_FRACTION * gpu_gb
+        gen, upd = held + engine, held + adam + grads
         ok = "fits" if max(gen, upd) < gpu_gb else "DOES NOT FIT"
         out.append(
             f"  {g.role}: {g.model} ({P / 1e9:g}B nominal) over {n} ranks: rank holds {held:.1f} GB (float32 weights, "
-            f"AdamW, KL reference); while engines generate {gen:.1f} GB (+ engine {engine:.0f} GB = "
-            f"mem_fraction_static {ENGINE_MEM_FRACTION} x {gpu_gb:g} GB); while it trains {upd:.1f} GB + activations "
-            f"(engine released): {ok} in {gpu_gb:g} GB"
+            f"KL reference) and {adam:.1f} GB of AdamW state, offloaded to CPU memory while engines generate: then "
+            f"{gen:.1f} GB (+ engine {engine:.0f} GB = mem_fraction_static {ENGINE_MEM_FRACTION} x {gpu_gb:g} GB); "
+            f"while it trains {upd:.1f} GB + activations (engine released): {ok} in {gpu_gb:g} GB"
         )
         speed = speed or write_speed(plan.config["run"]["out_dir"])
         out.append(f"  {g.role}: weight push {2 * P / 1e9:.1f} GB of bfloat16 safetensors per step: "

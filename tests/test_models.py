@@ -32,6 +32,16 @@ def test_scope_info_chat_caches_a_fast_copy(tmp_path):
     assert t2 < t1 / 4, (t1, t2)
 
 
+def test_first_load_hands_out_the_cached_folder(tmp_path, monkeypatch):
+    "On a fresh cache the first load dequantises the GGUF file, and its `path` is already the saved HF folder: what vLLM is started from (hf_folder)."
+    from scope_nb.vllm_engine import hf_folder
+    monkeypatch.setenv("SCOPE_NB_CACHE", str(tmp_path))
+    folder = hf_folder("smollm2")   # the first use on this machine
+    assert folder.is_dir() and (folder / "config.json").exists() and folder.parent == tmp_path / "hf", folder
+    lm = load_causal_lm("smollm2")
+    assert lm.source == "cache" and lm.path == folder
+
+
 def test_unknown_model_is_a_clear_cli_error():
     r = subprocess.run([SCOPE, "info", "--chat", "llama-405b", "hi"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 2

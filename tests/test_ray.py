@@ -65,22 +65,38 @@ def test_ray_workers_generate_on_their_engines_with_synced_weights(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads((tmp_path / "engines.json").read_text())
     assert res["driver_samples"] == 0 and res["eval_files"] == 3 * 10   # evaluated at steps 0, 2, 4 on 10 panel entries
-    for paths, evals in zip(res["paths"], res["eval_rounds"]):   # 4 steps x 2 agent turns, plus the evaluation rounds
-        assert evals >= 30 and paths.count("/generate") == 4 * 2 + evals
+    engines = res["engines"]
+    for e, evals in zip(engines, res["eval_rounds"]):   # 4 steps x 2 agent turns, plus the evaluation rounds
+        assert evals >= 30 and e["paths"].count("/generate") == 4 * 2 + evals
     pushes, reloads = [], []
-    for calls, updates in zip(res["calls"], res["update_paths"]):   # an update right after a resume is its reload
+    for e in engines:   # an update right after a resume is its reload
+        calls, updates = e["calls"], e["update_paths"]
         after = [calls[i - 1] for i, c in enumerate(calls) if c == "/update_weights_from_disk"]
         pushes.append([u for u, a in zip(updates, after, strict=True) if a != "/resume_memory_occupation"])
         reloads.append([u for u, a in zip(updates, after) if a == "/resume_memory_occupation"])
+        # the run's own weights reach the engine before it generates anything (it was started from the initial model)
+        assert e["paths"].index("/update_weights_from_disk") < e["paths"].index("/generate")
     for p, r in zip(pushes, reloads):
-        assert len(p) == 4 and len(set(p)) == 4   # weights pushed before steps 2 and 4 and the evaluations at 2 and 4
-        # each resume reloads what the engine last loaded: the start folder at step 1, then the latest push
-        assert r == [r[0]] + p[:3] and r[0].endswith("engine_start"), (r, p)
+        # the driver's weights before the first generation (step-0 evaluation), then the trainer's after each update
+        assert len(p) == 5 and len(set(p)) == 5 and p[0].endswith("agent_v000000"), p
+        assert r == p[:4], (r, p)   # each resume reloads what the engine last loaded
     assert pushes[0] == pushes[1]
-    for calls in res["calls"]:   # colocated: every update is bracketed by release/resume, and the resume reloads the weights
+    # the driver wrote only the first folder; rank 0 wrote the others, and no step's state dict came to the driver
+    # except for the two checkpoints (steps 3 and 4)
+    assert res["driver_writes"] == [pushes[0][0]] and sum(res["fetches"]) == 2, (res["driver_writes"], res["fetches"])
+    for e in engines:   # colocated: every update is bracketed by release/resume, and the resume reloads the weights
+        calls = e["calls"]
         assert calls.count("/release_memory_occupation") == calls.count("/resume_memory_occupation") == 4   # one per step
         for i, c in enumerate(calls):
             if c == "/resume_memory_occupation": assert calls[i + 1] == "/update_weights_from_disk", calls
+    # resumed after step 3 on engines restarted from the launch folder: the step-3 weights are pushed before anything
+    # generates, so the replayed step 4 samples from exactly them (before this push it sampled from the launch weights)
+    rs = res["resumed"]
+    assert rs["driver_samples"] == 0 and len(rs["driver_writes"]) == 1
+    for e in rs["engines"]:
+        assert e["paths"].index("/update_weights_from_disk") < e["paths"].index("/generate")
+        assert e["update_paths"][0] == rs["driver_writes"][0]
+    assert rs["gap_step4_vs_step3_weights"] < 1e-5, rs["gap_step4_vs_step3_weights"]
     assert res["gap_step4_vs_step3_weights"] < 1e-5
     for _ in range(30):
         if _ray_processes() == before: break

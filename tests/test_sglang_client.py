@@ -210,7 +210,7 @@ def test_pool_opponent_plays_on_the_engine_loaded_from_the_entry_folder(setup, t
 
 @pytest.mark.parametrize("mp,dtype", [("none", torch.float32), ("bf16", torch.bfloat16)])
 def test_weight_push_writes_once_in_the_compute_dtype_to_an_absolute_path(setup, tmp_path, monkeypatch, mp, dtype):
-    "RayBackend._push_weights: safetensors in bfloat16 under mixed_precision = 'bf16' (half the bytes), absolute path, old pushes removed."
+    "RayBackend._push_weights (the driver's write): safetensors in bfloat16 under mixed_precision = 'bf16' (half the bytes), absolute path, old pushes removed."
     from types import SimpleNamespace
     from safetensors import safe_open
     from scope_nb.ray_backend import RayBackend
@@ -218,6 +218,7 @@ def test_weight_push_writes_once_in_the_compute_dtype_to_an_absolute_path(setup,
     monkeypatch.chdir(tmp_path)
     b = RayBackend.__new__(RayBackend)   # only the push path: no Ray cluster
     b.cfg, b.weights_dir, b.engines = SimpleNamespace(grpo=SimpleNamespace(mixed_precision=mp)), Path("w"), {"agent": [fake.url]}
+    b.groups = {}   # no trainer group yet: the driver writes its own copy (a run's first push)
     for v in (1, 2): b._push_weights(pol, "agent", v)
     sent = [b_["model_path"] for p, b_ in fake.requests if p == "/update_weights_from_disk"]
     assert sent == [str(tmp_path / "w" / "agent_v000001"), str(tmp_path / "w" / "agent_v000002")]
