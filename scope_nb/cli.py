@@ -13,7 +13,8 @@ from .verbalized import VSConfig
 from .models import PACKAGED_MODELS, ModelNotFound, cache_dir, generate_chat, load_causal_lm, model_files
 
 # %% auto #0
-__all__ = ['DEMO_SYSTEM', 'VS_ARGS', 'SPEAKER_ARGS', 'devices', 'info_lines', 'demo_conversation', 'os_error_message', 'main']
+__all__ = ['DEMO_SYSTEM', 'VS_ARGS', 'SPEAKER_ARGS', 'devices', 'info_lines', 'demo_conversation', 'os_error_message',
+           'raised_by_scope', 'main']
 
 # %% ../nbs/90_cli.ipynb #5d70f661
 def _ver(dist: str) -> str:
@@ -375,6 +376,19 @@ def os_error_message(e: OSError, folder=None) -> str:
     return f"{e.strerror or e}" + (f": {path}" if path else "")
 
 
+_PKG = Path(__import__("scope_nb").__file__).resolve().parent
+
+
+def raised_by_scope(e: BaseException) -> bool:
+    """Whether `e` was raised by scope_nb's own code, whose messages are written for the user and name the fix (a
+    config key, a missing install), rather than from deep inside a library (CUDA out of memory in torch, a parser
+    error in transformers), where the traceback is what a user or a bug report needs."""
+    tb, last = e.__traceback__, None
+    while tb is not None:
+        last, tb = tb, tb.tb_next
+    return last is not None and Path(last.tb_frame.f_code.co_filename).resolve().is_relative_to(_PKG)
+
+
 def main(argv: list[str] | None = None) -> int:
     "Run the `scope` command line; returns the exit status."
     args = _parser().parse_args(argv)
@@ -539,7 +553,11 @@ def main(argv: list[str] | None = None) -> int:
         ValueError,
         RuntimeError,
         TimeoutError,
-    ) as e:  # config, template, server start-up: user-fixable
+    ) as e:  # config, template, server start-up: user-fixable, one line; from inside a library: its traceback too
+        if not raised_by_scope(e):
+            import traceback
+
+            traceback.print_exception(e, file=sys.stderr)
         print(f"scope: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # a full disk, a folder without write permission: say where, not a traceback

@@ -10,8 +10,8 @@ from .core import Conversation, Reply, Speaker, ToolCall
 from .envs import Env, EnvState, Task
 
 # %% auto #0
-__all__ = ['GIT_ENV', 'TOOLS', 'SETTINGS', 'cap_output', 'run_command', 'LocalSandbox', 'DockerBackend', 'fixture_root',
-           'list_tasks', 'CooperBenchEnv', 'ScriptedCoder', 'bash_call']
+__all__ = ['GIT_ENV', 'TOOLS', 'SETTINGS', 'cap_output', 'run_command', 'LocalSandbox', 'fixture_root', 'list_tasks',
+           'CooperBenchEnv', 'ScriptedCoder', 'bash_call']
 
 # %% ../nbs/13_cooperbench.ipynb #ba21137f
 GIT_ENV = {"GIT_AUTHOR_NAME": "agent", "GIT_AUTHOR_EMAIL": "agent@localhost", "GIT_COMMITTER_NAME": "agent",
@@ -110,34 +110,6 @@ class LocalSandbox:
     def close(self):
         shutil.rmtree(self.root, ignore_errors=True)
 
-
-class DockerBackend:
-    """Adapter for CooperBench's Docker images: the same bash/evaluate calls via `docker exec`. NOT TESTED here (no
-    Docker engine)."""
-
-    def __init__(self, image: str, roles=("agent",), command_timeout: float = 30.0, output_cap: int = 10_000):
-        self.image, self.timeout, self.cap = image, command_timeout, output_cap
-        self.containers = {
-            r: subprocess.run(
-                ["docker", "run", "-d", image, "sleep", "infinity"], capture_output=True, text=True, check=True
-            ).stdout.strip()
-            for r in roles
-        }
-
-    def bash(self, role, command):
-        return run_command(
-            f"docker exec {self.containers[role]} bash -c {json.dumps(command)}", ".", self.timeout, self.cap
-        )
-
-    def evaluate(self, features, test_timeout: float = 120.0):
-        raise NotImplementedError(
-            "merge-and-test inside CooperBench images: export each container's diff with `git diff` and "
-            "reuse LocalSandbox.evaluate on a checkout of the image's repository"
-        )
-
-    def close(self):
-        for c in self.containers.values():
-            subprocess.run(["docker", "rm", "-f", c], capture_output=True)
 
 # %% ../nbs/13_cooperbench.ipynb #3a0c019c
 TOOLS = [

@@ -19,7 +19,7 @@ from .verbalized import VSConfig, VSParse
 __all__ = ['CONCERNS', 'PITCHES', 'ADDRESSES', 'ASK', 'TOPICS', 'LAB_VOCAB', 'FAMILIES', 'SEEN_FAMILIES', 'UNSEEN_FAMILIES',
            'MODE_EXPLOIT_GAP', 'VS_RECOVERY', 'PERSONA_SIGMA', 'BASE_OPENINGS', 'STRATEGIES', 'LAB_NOTE',
            'family_distribution', 'outcome_of', 'LabEnv', 'parse_lab_spec', 'LabSimulator', 'measure_lab_simulators',
-           'lab_agent', 'lab_user', 'is_lab_spec', 'check_lab_spec', 'lab_speaker', 'strategy_stats', 'strategy_shares',
+           'lab_agent', 'lab_user', 'check_lab_spec', 'lab_speaker', 'strategy_stats', 'strategy_shares',
            'fig_lab_strategies', 'fig_lab_payoffs']
 
 # %% ../nbs/33_lab.ipynb #406e7b92
@@ -304,8 +304,6 @@ def lab_user(
     return pol
 
 # %% ../nbs/33_lab.ipynb #845c95a1
-def is_lab_spec(spec: str) -> bool: return spec == "lab-agent" or spec.startswith(("lab:", "lab-user:"))
-
 def check_lab_spec(spec: str) -> None:
     "Raise ValueError with the fix if `spec` is not a valid lab speaker spec."
     if spec == "lab-agent": return

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from scope_nb.core import free_port
 from scope_nb.study.app import create_app
 from scope_nb.study.store import ARMS, P4G_ITEMS, Store, study_config
-from test_study_faults import Scripted
+from scripted_endpoint import Scripted
 
 GOOD = {k: 4 for k in P4G_ITEMS} | {"donation": 0.5}
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 from scope_nb.core import free_port
 from test_study import check_durable, run_with_a_kill, write_config
-from test_study_faults import Scripted
+from scripted_endpoint import Scripted
 
 
 def _pg_bin(name: str) -> str:

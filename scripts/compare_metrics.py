@@ -1,6 +1,6 @@
 """Compare the metrics of two run folders (or trees of runs), time fields aside: do two code versions train alike?
 
-    python tools/compare_metrics.py RUNS_BEFORE RUNS_AFTER
+    python scripts/compare_metrics.py RUNS_BEFORE RUNS_AFTER
 
 Every `metrics.jsonl` under the first folder must exist under the second at the same relative path; each pair of
 files is compared row by row after dropping `time/*` and `wall_time`. Exit 1 if any file differs (the first

@@ -1,6 +1,6 @@
 """The numbers of 41_experiments "Real models on both sides", read from a finished `llm-collapse` experiment folder.
 
-    python tools/llm_collapse_summary.py runs/experiments/llm-collapse/cpu-llm [--arms base,rl-single,ensemble,vs,co-training]
+    python scripts/llm_collapse_summary.py runs/experiments/llm-collapse/cpu-llm [--arms base,rl-single,ensemble,vs,co-training]
 
 Per arm: training reward (mean of steps 1-5 -> 16-20) and the zero-variance fraction and entropy at step 1 -> last,
 per seed; final seen / unseen reward pooled over seeds with a bootstrap 95% interval over evaluation episodes;

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from scope_nb.launch import launcher_scripts
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT
 LAUNCH = ROOT / "launch"
 ENV = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
 ENV.pop("OPENROUTER_API_KEY", None)

@@ -1,6 +1,6 @@
 """Execute notebooks and save their outputs (figures as small PNGs, tables, printed numbers): `make notebooks`.
 
-    python tools/run_notebooks.py [NOTEBOOK ...]     # default: the notebooks listed in SHOWN
+    python scripts/run_notebooks.py [NOTEBOOK ...]     # default: the notebooks listed in SHOWN
 
 The cells nbdev-test runs are the cells run here (the same skip flags: slow, gpu, notest); outputs are written back
 only if every cell succeeds, then `nbdev-clean` strips execution counts and metadata. Figures are rendered at 72 dpi

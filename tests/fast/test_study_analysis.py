@@ -58,7 +58,7 @@ def test_a_known_effect_is_detected_and_a_null_is_not():
     power = np.mean(found)
     # false positives of the VS-vs-RL (Single) comparison (no effect exists) on three outcomes, after Holm
     fp = np.mean([_hit(r, fam, o, "vs") for r in null for fam, o in (("tau2", "overall"), ("tau2", "helpfulness"), ("p4g", "donation"))])
-    # the numbers quoted in 53_study_analysis (`pytest -s tests/test_study_analysis.py -k known_effect`)
+    # the numbers quoted in 53_study_analysis (`pytest -s tests/fast/test_study_analysis.py -k known_effect`)
     print(f"power {power:.2f} of {sims}; completion power {np.mean(completed):.2f} of {sims // 3}; false positives {fp:.3f} of {3 * sims}")
     assert power >= 0.8, power
     assert np.mean(completed) >= 0.5, np.mean(completed)   # a 30-point completion lift with 60 per arm (Fisher)
