@@ -5,6 +5,7 @@
 # %% ../nbs/64_ray.ipynb #4c15086f
 from __future__ import annotations
 import os
+from pathlib import Path
 from .config import Config, ConfigError, from_dict, to_dict, validate
 from .rollout import RolloutResult, rollout
 
@@ -75,7 +76,6 @@ def write_weights(path, model, tok, sd: dict, bf16: bool = False) -> str:
     then a rename), in bfloat16 when `bf16`: what an engine's `update_weights_from_disk` reads. `model` gives the
     config and which keys are tied (it may be a sharded module: only its config and tie map are used)."""
     import shutil
-    from pathlib import Path
     import torch
 
     path = Path(path).resolve()
@@ -281,8 +281,9 @@ class RemoteTrainer:
     copy is refreshed by `sync` when something writes it (a checkpoint, a pool snapshot)."""
 
     def __init__(self, actors, policy, pg=None, colocated_engines: list[str] | None = None, push_dir=None,
-                 bf16: bool = False):
+                 bf16: bool = False, role: str = "agent"):
         self.actors, self.policy, self.pg, self.engines = actors, policy, pg, list(colocated_engines or [])
+        self.role = role
         self.opt, self._synced, self.version = _RemoteOpt(actors), False, 0
         self.push_dir, self.bf16, self.path, self.stale = push_dir, bf16, None, False
 
@@ -294,8 +295,7 @@ class RemoteTrainer:
         weights = None if self._synced else {k: v.detach().cpu() for k, v in self.policy.model.state_dict().items()}
         push = None
         if self.push_dir is not None:
-            role = "agent" if self.policy.name == "agent" else "user"
-            push = str((self.push_dir / f"{role}_v{self.version + 1:06d}").resolve())
+            push = str((self.push_dir / f"{self.role}_v{self.version + 1:06d}").resolve())
         if self.engines:
             _each(self.engines, "release_memory")  # engines sharing the trainer's GPUs step aside while it trains
         try:
@@ -374,8 +374,6 @@ class RayBackend:
             for i in range(workers)
         ]
         self.trainers, self.groups, self._pushed = [], {}, {}
-        from pathlib import Path
-
         self.weights_dir = Path(weights_dir) if weights_dir else cfg.run_dir / "engine_weights"
 
     def trainer(self, policy, gcfg, temperature: float = 1.0) -> RemoteTrainer:
@@ -405,7 +403,7 @@ class RayBackend:
         self.trainers += actors
         bf16 = self.cfg.grpo.mixed_precision == "bf16"
         rt = self.groups[role] = RemoteTrainer(actors, policy, pg, self.engines[role] if self.colocate else None,
-                                               self.weights_dir if self.engines[role] else None, bf16)
+                                               self.weights_dir if self.engines[role] else None, bf16, role)
         return rt
 
     def _push_weights(self, policy, role: str, version: int):
@@ -423,8 +421,6 @@ class RayBackend:
             path = write_weights(self.weights_dir / f"{role}_v{version:06d}", policy.model, policy.tok,
                                  policy.model.state_dict(), self.cfg.grpo.mixed_precision == "bf16")
         _each(self.engines[role], "update_weights_from_disk", path)
-        from pathlib import Path
-
         path = Path(path)
         for old in path.parent.glob(f"{role}_v*"):
             if old != path:
