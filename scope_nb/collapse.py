@@ -7,7 +7,8 @@ from __future__ import annotations
 import functools, re, zlib
 from dataclasses import dataclass
 import numpy as np
-from .core import Conversation, Episode, Request, Speaker
+from .core import Conversation, Request, Speaker
+from .episodes import Episode
 from .theory import collapse_error
 
 # %% auto #0

@@ -10,9 +10,9 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from .core import ConfigError, Settings, parse_settings, settings_model   # ConfigError: defined in core so that
 # the study server (50_study) can use it without importing the trainer
-from .envs import ENVS, env_class, load_prompts, make_env
+from .envs import env_class, env_names, load_prompts, make_env
 from .grpo import GRPOConfig
-from .specs import AgentSettings, MODES, UserSettings, check_spec, kind_of
+from .specs import AgentSettings, UserSettings, check_spec, kind_of, mode_chain
 
 # %% auto #0
 __all__ = ['RENAMED', 'WandbSection', 'RunSection', 'EnvSection', 'GrpoSection', 'PanelEntry', 'CollapseSection',
@@ -79,7 +79,10 @@ class RunSection(Settings):
 class EnvSection(Settings):
     "The `[env]` table."
 
-    name: str = Field("echo", description="environment (10_envs): echo, ask, lab, shop, p4g, tau2-*, cooperbench")
+    name: str = Field(
+        "echo", description="environment (10_envs): echo, ask, lab, shop, p4g, tau2-*, cooperbench, one an installed "
+        "package registers (entry points scope_nb.envs), or module:Class"
+    )
     max_turns: int = Field(3, ge=1, le=1000, description="agent turns per episode")
     corpus: str = Field(
         "", description="p4g: a ConvoKit persuasionforgood corpus folder (speakers.json, utterances.jsonl); '' = the "
@@ -93,8 +96,8 @@ class EnvSection(Settings):
     @field_validator("name")
     @classmethod
     def _known_env(cls, v):
-        if v not in ENVS:
-            raise ValueError(f"unknown environment; known: {', '.join(ENVS)}")
+        if v not in env_names() and ":" not in v:
+            raise ValueError(f"unknown environment; known: {', '.join(env_names())}, or module:Class")
         return v
 
 
@@ -168,18 +171,18 @@ class CheckpointSection(Settings):
                                   "in checkpoints/best.json), for serving or evaluating the best policy; '' = off")
 
 # %% ../nbs/36_config.ipynb #691fd173
-def _check_spec(spec: str, key: str, vocab, role: str):
-    try: check_spec(spec, key, vocab, role)
+def _check_spec(spec: str, key: str, env, role: str):
+    try: check_spec(spec, key, env, role)
     except ValueError as e: raise ConfigError(str(e)) from None
 
-def _check_roles(cfg: Config, vocab):
+def _check_roles(cfg: Config, env):
     "Each role's model exists, fits the environment and can train if asked to; API keys are where the config says."
     for role in ("agent", "user"):
         s = getattr(cfg, role)
-        _check_spec(s.model, f"{role}.model", vocab, role)
+        _check_spec(s.model, f"{role}.model", env, role)
         if s.train and not kind_of(s.model).trainable(s.model):
             raise ConfigError(f"{role}.train = true but {role}.model = {s.model!r} has no local weights to train")
-        specs = [s.model] + (s.rotation.models if role == "user" and s.mode == "rotation" else [])
+        specs = [s.model] + ([x for m in mode_chain(s.mode) for _, x in m.specs(s)] if role == "user" else [])
         if any(kind_of(x).api for x in specs) and s.api.key_env and not os.environ.get(s.api.key_env):
             raise ConfigError(
                 f"{role}.api.key_env = {s.api.key_env!r}: that environment variable is not set; export it, "
@@ -187,16 +190,16 @@ def _check_roles(cfg: Config, vocab):
             )
 
 
-def _check_user(cfg: Config, vocab):
-    "What the user mode needs (35_specs), and self-play's constraints."
+def _check_user(cfg: Config, env):
+    "What each user mode needs (35_specs), the other models a mode runs, and self-play's constraints."
     u = cfg.user
-    try:
-        MODES[u.mode].check(u)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    if u.mode == "rotation":
-        for i, sp in enumerate(u.rotation.models):
-            _check_spec(sp, f"user.rotation.models[{i}]", vocab, "user")
+    for mode in mode_chain(u.mode):
+        try:
+            mode.check(u)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        for key, spec in mode.specs(u):
+            _check_spec(spec, key, env, "user")
     if u.model == "same" and u.train != cfg.agent.train:
         raise ConfigError("user.model = 'same' (self-play) shares one policy: set user.train equal to agent.train")
     if u.model == "same" and u.temperature != cfg.agent.temperature:
@@ -208,10 +211,10 @@ def _check_user(cfg: Config, vocab):
         raise ConfigError("nothing to train: set agent.train or user.train to true")
 
 
-def _check_panel(panel: list[PanelEntry], vocab):
+def _check_panel(panel: list[PanelEntry], env):
     names = [p.name for p in panel]
     for i, p in enumerate(panel):
-        _check_spec(p.model, f"eval.panel[{i}].model", vocab, "user")
+        _check_spec(p.model, f"eval.panel[{i}].model", env, "user")
         if p.name in names[:i]:
             raise ConfigError(f"eval.panel[{i}].name = {p.name!r}: simulator names must be unique")
         if p.cell and (not re.fullmatch(r"[a-z][a-z0-9_]*", p.cell) or p.cell in ("seen", "unseen", "mean")):
@@ -238,7 +241,6 @@ class Config(Settings):
     def _across_tables(self):
         "Settings that are fine alone but not together; each message names the keys and the fix."
         env = env_class(self.env.name)
-        vocab = env.vocab
         lo, hi = env.turn_range
         if not lo <= self.env.max_turns <= hi:
             allowed = f"= {lo}" if lo == hi else f"in [{lo}, {hi}]"
@@ -260,9 +262,9 @@ class Config(Settings):
                 f"grpo.group_size = 1 with grpo.advantage = {g.advantage!r}: a group of one has σ = 0, so every "
                 f"advantage is 0 and nothing trains; set grpo.group_size >= 2 or grpo.advantage = 'raw'"
             )
-        _check_roles(self, vocab)
-        _check_user(self, vocab)
-        _check_panel(self.eval.panel, vocab)
+        _check_roles(self, env)
+        _check_user(self, env)
+        _check_panel(self.eval.panel, env)
         return self
 
     @property

@@ -11,10 +11,9 @@ from pydantic import BaseModel, ConfigDict
 from pydantic import ValidationError as PydanticValidationError
 
 # %% auto #0
-__all__ = ['CHAT_ROLES', 'SPEAKERS', 'STATUSES', 'LOGPROB_TOL', 'ValidationError', 'check', 'Settings', 'settings_model',
-           'settings_errors', 'ConfigError', 'parse_settings', 'ToolCall', 'Message', 'other', 'Turn', 'Conversation',
-           'parse_tool_calls', 'Request', 'Reply', 'Speaker', 'ScriptedSpeaker', 'echo_user', 'RoleTrajectory',
-           'Sample', 'Episode', 'Group', 'group_episodes', 'free_port']
+__all__ = ['CHAT_ROLES', 'SPEAKERS', 'ValidationError', 'check', 'Settings', 'settings_model', 'settings_errors', 'ConfigError',
+           'parse_settings', 'ToolCall', 'Message', 'other', 'Turn', 'Conversation', 'parse_tool_calls', 'Request',
+           'Reply', 'Speaker', 'ScriptedSpeaker', 'echo_user', 'Sample', 'free_port']
 
 # %% ../nbs/01_core.ipynb #582d8725
 class ValidationError(ValueError):
@@ -107,7 +106,7 @@ def settings_errors(err: PydanticValidationError, model: type, prefix: str = "")
             out.append(f"{key}: unknown key{hint} (allowed in [{where}]: {', '.join(names)})")
             continue
         msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] in ("value_error", "assertion_error") and not loc:
+        if e["type"] in ("value_error", "assertion_error") and (not loc or msg.startswith(f"{key}.")):  # keyed already
             out.append(msg)
             continue
         info = owner.model_fields.get(leaf) if owner is not None and isinstance(leaf, str) else None
@@ -421,81 +420,6 @@ def echo_user(messages: list[dict]) -> str:
     k = sum(m["role"] == "assistant" for m in messages)
     return colours[k] if k < len(colours) else "bye"
 
-# %% ../nbs/01_core.ipynb #5d40251a
-STATUSES = ("completed", "max_turns", "truncated", "failed")
-LOGPROB_TOL = 1e-4  # sampled logprobs are <= 0; allow float round-off
-
-@dataclass
-class RoleTrajectory:
-    "One trainable role's token stream: ids, loss mask (1 = own generated token), sampling logprobs, reward, status."
-    role: str
-    token_ids: list[int] = field(default_factory=list)
-    loss_mask: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)  # logprob at sampling time; 0.0 where loss_mask is 0
-    reward: float | None = None
-    status: str = "completed"
-    model: str | None = None  # which weights produced the masked tokens (e.g. a pool checkpoint id)
-
-    @property
-    def n_generated(self) -> int: return sum(self.loss_mask)
-
-    def to_dict(self) -> dict:
-        return {"role": self.role, "token_ids": list(self.token_ids), "loss_mask": list(self.loss_mask),
-                "logprobs": list(self.logprobs), "reward": self.reward, "status": self.status, "model": self.model}
-
-    @classmethod
-    def from_dict(cls, d: dict, path: str = "trajectory") -> RoleTrajectory:
-        _keys(d, path, ["role", "token_ids", "loss_mask", "logprobs"], ["reward", "status", "model"])
-        t = cls(
-            d["role"],
-            d["token_ids"],
-            d["loss_mask"],
-            d["logprobs"],
-            d.get("reward"),
-            d.get("status", "completed"),
-            d.get("model"),
-        )
-        t.validate(path)
-        return t
-
-    def validate(self, path: str = "trajectory"):
-        f = lambda k: _join(path, k)
-        check(self.role in SPEAKERS, f("role"), f"{self.role!r} is not a speaker", f"use one of {SPEAKERS}")
-        for k in ("token_ids", "loss_mask", "logprobs"):
-            check(isinstance(getattr(self, k), list), f(k), "must be a list")
-        n = len(self.token_ids)
-        check(
-            len(self.loss_mask) == n,
-            f("loss_mask"),
-            f"length {len(self.loss_mask)} differs from token_ids length {n}",
-            "one mask entry per token",
-        )
-        check(
-            len(self.logprobs) == n,
-            f("logprobs"),
-            f"length {len(self.logprobs)} differs from token_ids length {n}",
-            "one logprob per token (0.0 where loss_mask is 0)",
-        )
-        for i, x in enumerate(self.token_ids):
-            check(_is_int(x) and x >= 0, f"{f('token_ids')}[{i}]", f"{x!r} is not a token id (int >= 0)")
-        for i, x in enumerate(self.loss_mask):
-            check(_is_int(x) and x in (0, 1), f"{f('loss_mask')}[{i}]", f"{x!r} is not 0 or 1")
-        for i, x in enumerate(self.logprobs):
-            check(
-                _is_num(x) and x <= LOGPROB_TOL, f"{f('logprobs')}[{i}]", f"{x!r} is not a finite log-probability <= 0"
-            )
-        check(self.status in STATUSES, f("status"), f"{self.status!r} is not a status", f"use one of {STATUSES}")
-        check(
-            self.reward is None or _is_num(self.reward), f("reward"), f"{self.reward!r} is not a finite number or None"
-        )
-        check(
-            not (self.status == "failed" and self.reward is not None),
-            f("reward"),
-            "a failed trajectory carries no reward",
-            "set reward=None; failed episodes are excluded, never scored 0",
-        )
-        check(self.model is None or isinstance(self.model, str), f("model"), "must be a string or None")
-
 # %% ../nbs/01_core.ipynb #9f525d6b
 @dataclass
 class Sample:
@@ -505,121 +429,6 @@ class Sample:
     logprobs: list[float]
     eos: bool
 
-
-# %% ../nbs/01_core.ipynb #6a20c73a
-@dataclass
-class Episode:
-    "One rollout: conversation, per-role trajectories and rewards, status, and JSON `info`."
-    task_id: str
-    conversation: Conversation = field(default_factory=Conversation)
-    trajectories: dict[str, RoleTrajectory] = field(default_factory=dict)
-    rewards: dict[str, float | None] = field(default_factory=dict)
-    status: str = "completed"
-    error: str | None = None     # why the episode failed, for humans
-    group: str = ""              # group id: episodes sharing a GRPO baseline
-    sample: int = 0              # index within the group
-    step: int | None = None      # training step that produced it
-    info: dict[str, Any] = field(default_factory=dict)
-
-    _fields = (
-        "task_id",
-        "conversation",
-        "trajectories",
-        "rewards",
-        "status",
-        "error",
-        "group",
-        "sample",
-        "step",
-        "info",
-    )
-
-    def to_dict(self) -> dict:
-        return {
-            "task_id": self.task_id,
-            "group": self.group,
-            "sample": self.sample,
-            "step": self.step,
-            "status": self.status,
-            "error": self.error,
-            "rewards": dict(self.rewards),
-            "info": self.info,
-            "conversation": self.conversation.to_dict(),
-            "trajectories": {k: v.to_dict() for k, v in self.trajectories.items()},
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict, path: str = "") -> Episode:
-        _keys(d, path, ["task_id"], [k for k in cls._fields if k != "task_id"])
-        trajs = d.get("trajectories") or {}
-        check(isinstance(trajs, dict), _join(path, "trajectories"), "must be an object {role: trajectory}")
-        e = cls(
-            task_id=d["task_id"],
-            conversation=Conversation.from_dict(d.get("conversation") or {"turns": []}, _join(path, "conversation")),
-            trajectories={
-                k: RoleTrajectory.from_dict(v, _join(_join(path, "trajectories"), k)) for k, v in trajs.items()
-            },
-            rewards=dict(d.get("rewards") or {}),
-            status=d.get("status", "completed"),
-            error=d.get("error"),
-            group=d.get("group", ""),
-            sample=d.get("sample", 0),
-            step=d.get("step"),
-            info=d.get("info") or {},
-        )
-        e.validate(path)
-        return e
-
-    def validate(self, path: str = ""):
-        f = lambda k: _join(path, k)
-        check(isinstance(self.task_id, str) and self.task_id != "", f("task_id"), "must be a non-empty string")
-        check(isinstance(self.group, str), f("group"), "must be a string")
-        check(_is_int(self.sample) and self.sample >= 0, f("sample"), f"{self.sample!r} is not an index >= 0")
-        check(
-            self.step is None or (_is_int(self.step) and self.step >= 0),
-            f("step"),
-            f"{self.step!r} is not a step >= 0 or None",
-        )
-        check(self.status in STATUSES, f("status"), f"{self.status!r} is not a status", f"use one of {STATUSES}")
-        check(self.error is None or isinstance(self.error, str), f("error"), "must be a string or None")
-        check(
-            self.status != "failed" or bool(self.error), f("error"), "a failed episode must say why", "set error='...'"
-        )
-        self.conversation.validate(f("conversation"))
-        for k, tr in self.trajectories.items():
-            check(k == tr.role, f"{f('trajectories')}.{k}.role", f"stored under {k!r} but role is {tr.role!r}")
-            tr.validate(_join(f("trajectories"), k))
-        check(isinstance(self.rewards, dict), f("rewards"), "must be an object {role: reward}")
-        for k, r in self.rewards.items():
-            check(k in SPEAKERS, _join(f("rewards"), k), "unknown role", f"use one of {SPEAKERS}")
-            check(r is None or _is_num(r), _join(f("rewards"), k), f"{r!r} is not a finite number or None")
-            check(
-                not (self.status == "failed" and r is not None),
-                _join(f("rewards"), k),
-                "a failed episode carries no reward",
-                "set it to None; failed episodes are excluded, never scored 0",
-            )
-        check(isinstance(self.info, dict), f("info"), "must be an object")
-        _check_json(self.info, f("info"))
-
-# %% ../nbs/01_core.ipynb #1fdaf054
-@dataclass
-class Group:
-    "The G episodes of one task that share a GRPO baseline (paper Eq. 2)."
-    episodes: list[Episode]
-
-    @property
-    def task_id(self) -> str: return self.episodes[0].task_id if self.episodes else ""
-
-    def rewards(self, role: str = "agent") -> list[float]:
-        "Rewards of `role` over the episodes that were scored (failed episodes excluded)."
-        return [e.rewards[role] for e in self.episodes if e.status != "failed" and e.rewards.get(role) is not None]
-
-def group_episodes(episodes: Iterable[Episode]) -> list[Group]:
-    "Groups by `group` id (falling back to `task_id`), in first-seen order, samples sorted."
-    out: dict[str, list[Episode]] = {}
-    for e in episodes: out.setdefault(e.group or e.task_id, []).append(e)
-    return [Group(sorted(v, key=lambda e: e.sample)) for v in out.values()]
 
 # %% ../nbs/01_core.ipynb #9d35f6cb
 def free_port() -> int:

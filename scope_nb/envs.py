@@ -4,7 +4,7 @@
 
 # %% ../nbs/10_envs.ipynb #65076a86
 from __future__ import annotations
-import inspect, re, string
+import inspect, numbers, re, string
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,8 +12,8 @@ import numpy as np
 from .core import Conversation, ToolCall
 
 # %% auto #0
-__all__ = ['COLOURS', 'ECHO_WORDS', 'ASK_TOPICS', 'ENVS', 'Task', 'EnvState', 'Env', 'EchoEnv', 'AskEnv', 'env_class', 'make_env',
-           'load_prompts']
+__all__ = ['COLOURS', 'ECHO_WORDS', 'ASK_TOPICS', 'ENTRY_POINTS', 'ENVS', 'Task', 'EnvState', 'Env', 'EchoEnv', 'AskEnv',
+           'register_env', 'env_names', 'env_class', 'make_env', 'load_prompts']
 
 # %% ../nbs/10_envs.ipynb #f24975e1
 @dataclass
@@ -44,6 +44,8 @@ class Env:
     turn_range: tuple[int, int] = (1, 1000)  # the env.max_turns it can play (the config checks it before any work)
     PROMPT_VARS: dict[str, tuple[str, ...]] = {}  # role -> the placeholders a prompt template for it may use
     templates: dict[str, str] = {}  # role -> a template that replaces the built-in system prompt (env.prompts)
+    reward_range: tuple[float, float] = (0.0, 1.0)  # every reward lies here (register_env: within [0, 1])
+    rewarded: tuple[str, ...] = ("agent", "user")  # the roles `reward` scores
 
     def system(self, role: str, default: str, **values) -> str:
         "`role`'s system prompt: the built-in `default`, or the role's template (env.prompts) filled with `values`."
@@ -53,6 +55,20 @@ class Env:
     def tasks(self, split: str = "train") -> list[Task]: raise NotImplementedError
     def reset(self, task: Task) -> EnvState: raise NotImplementedError
     def reward(self, state: EnvState) -> dict[str, float]: raise NotImplementedError
+
+    def score(self, state: EnvState) -> dict[str, float]:
+        "`reward(state)`, checked against `rewarded` and `reward_range`: a broken reward fails here, named."
+        r, (lo, hi) = self.reward(state), self.reward_range
+        for role in self.rewarded:
+            v = r.get(role) if isinstance(r, dict) else None
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not lo <= v <= hi:
+                raise ValueError(f"{self.name}.reward gave {role} {v!r} on task {state.task.id}: it must return a "
+                                 f"number in [{lo}, {hi}] for each of {', '.join(self.rewarded)}")
+        return r
+
+    def alternate(self, state: EnvState, speaker: str) -> None:
+        "Hand the turn to the other role (what most `_apply`s do after recording a reply)."
+        state.next = "user" if speaker == "agent" else "agent"
     def tools(self, state: EnvState, role: str) -> list[dict] | None:
         "OpenAI function schemas `role` may call in this state (None: no tools)."
         return None
@@ -119,7 +135,7 @@ class EchoEnv(Env):
         if speaker == "agent" and state.agent_turns >= self.max_turns:
             state.next = None
         else:
-            state.next = "user" if speaker == "agent" else "agent"
+            self.alternate(state, speaker)
 
     def reward(self, state):
         turns = state.conversation.turns
@@ -160,7 +176,7 @@ class AskEnv(Env):
         if speaker == "user" and re.search(r"\byes\b", content or "", re.I):
             state.next = None
         else:
-            state.next = "user" if speaker == "agent" else "agent"
+            self.alternate(state, speaker)
 
     def reward(self, state):
         said_yes = any(
@@ -170,26 +186,81 @@ class AskEnv(Env):
         return {"agent": float(said_yes), "user": 1.0 - float(said_yes)}
 
 # %% ../nbs/10_envs.ipynb #e0ad7a4c
-ENVS = {"echo": EchoEnv, "ask": AskEnv, "p4g": "scope_nb.p4g:P4GEnv", "tau2-retail": "scope_nb.tau2:Tau2Retail",
-        "tau2-airline": "scope_nb.tau2:Tau2Airline", "cooperbench": "scope_nb.cooperbench:CooperBenchEnv",
-        "lab": "scope_nb.lab:LabEnv", "shop": "scope_nb.shop:ShopEnv"}
+ENTRY_POINTS = "scope_nb.envs"  # the entry-point group of environments (this package's benchmarks and others')
+ENVS: dict[str, type] = {}  # name -> Env class, registered in this process
+
+
+def register_env(cls: type | None = None, *, name: str | None = None):
+    """Register an `Env` subclass as `env.name = name` (default: the class's `name`) after checking its contract;
+    usable as a class decorator. Registering a name again replaces it."""
+
+    def add(c):
+        if not (isinstance(c, type) and all(callable(getattr(c, m, None)) for m in ("apply", "score", "sample_tasks"))):
+            raise TypeError(f"register_env: {c!r} is not an environment class; subclass scope_nb.envs.Env")
+        n = name or c.name
+        if not n or n == Env.name:
+            raise ValueError(f"register_env({c.__name__}): give the class a `name` (what env.name selects)")
+        missing = [m for m in ("tasks", "reset", "_apply", "reward") if getattr(c, m) is getattr(Env, m)]
+        if missing:
+            raise ValueError(f"register_env({c.__name__}): implement {', '.join(missing)} (see Env)")
+        lo, hi = c.reward_range
+        if not 0.0 <= lo < hi <= 1.0:
+            raise ValueError(f"register_env({c.__name__}): reward_range = {c.reward_range}; rewards must lie in [0, 1] "
+                             "(the simulator rewards and group statistics assume it): rescale them")
+        if not c.rewarded or set(c.rewarded) - {"agent", "user"}:
+            raise ValueError(f"register_env({c.__name__}): rewarded = {c.rewarded!r}; list 'agent' and/or 'user'")
+        ENVS[n] = c
+        return c
+
+    return add if cls is None else add(cls)
+
+
+register_env(EchoEnv)
+register_env(AskEnv)
+
+# %% ../nbs/10_envs.ipynb #e0ad7a4d
+def _entry_points() -> dict:
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINTS)}
+
+
+def env_names() -> list[str]:
+    "Every name `env.name` can take without a module path: registered here or declared by an installed package."
+    return sorted(set(ENVS) | set(_entry_points()))
+
+
+def _load(name: str, target: str):
+    "Import `module:Class` for environment `name`; a missing dependency names the install."
+    import importlib
+
+    mod, _, attr = target.partition(":")
+    try:
+        obj = importlib.import_module(mod)
+    except ImportError as e:
+        if e.name and mod.startswith("scope_nb."):
+            extra = "e.g. pip install 'scope_nb[tau2]'"
+            raise ValueError(f"env.name = {name!r} needs {e.name}: install its extra ({extra})") from None
+        raise ValueError(f"env.name = {name!r}: cannot import {mod} ({e}); install the package providing it") from None
+    for part in attr.split(".") if attr else []:
+        if not hasattr(obj, part):
+            raise ValueError(f"env.name = {name!r}: {mod} has no {attr}; give module:Class")
+        obj = getattr(obj, part)
+    return obj
+
 
 def env_class(name: str):
-    "The class of environment `name` (benchmark environments are imported on first use)."
-    if name not in ENVS: raise ValueError(f"env.name: unknown environment {name!r}; known: {', '.join(ENVS)}")
-    c = ENVS[name]
-    if isinstance(c, str):
-        import importlib
-        mod, cls = c.split(":")
-        try:
-            c = getattr(importlib.import_module(mod), cls)
-        except ImportError as e:
-            raise ValueError(
-                f"env.name = {name!r} needs {e.name}: install its extra (e.g. pip install 'scope_nb[tau2]')"
-            ) from None
-    return c
+    "The class of environment `name`: registered, an installed entry point (imported on first use), or `module:Class`."
+    if name in ENVS:
+        return ENVS[name]
+    eps = _entry_points()
+    if name in eps:
+        return register_env(_load(name, eps[name].value), name=name)
+    if ":" in name:
+        return register_env(_load(name, name), name=name)
+    raise ValueError(f"env.name: unknown environment {name!r}; known: {', '.join(env_names())} (or module:Class)")
 
-
+# %% ../nbs/10_envs.ipynb #e0ad7a4e
 def make_env(name: str, max_turns: int | None = None, corpus: str = "", prompts: str = "") -> Env:
     """Build environment `name` from `ENVS`; `corpus` is a data folder for environments that take one (P4G: a ConvoKit
     corpus), `prompts` a folder of prompt templates (`load_prompts`)."""

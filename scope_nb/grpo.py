@@ -9,7 +9,8 @@ from typing import Literal
 import numpy as np
 import torch
 from pydantic import Field, field_validator
-from .core import Episode, RoleTrajectory, group_episodes, Settings
+from .core import Settings
+from .episodes import Episode, RoleTrajectory, group_episodes
 from .training import LocalPolicy, first_scored, token_logprobs
 
 # %% auto #0

@@ -10,7 +10,7 @@ from pathlib import Path
 from .config import ConfigError, to_toml
 from .files import atomic_write_text
 from .experiments import EXPERIMENTS, experiment_dicts, get_experiment
-from .specs import kind_of, UserSettings
+from .specs import kind_of, mode_chain, UserSettings
 
 # %% auto #0
 __all__ = ['GPU_MEMORY_GB', 'ENGINE_MEM_FRACTION', 'GPUS_PER_NODE', 'LAYOUTS', 'stack_versions', 'nominal_params', 'write_speed',
@@ -182,7 +182,9 @@ def plan_launch(experiment: str, arm: str, seed: int = 0, settings: str = "paper
         for i, (r, m) in enumerate(roles)
     ]
     u = cfg["user"]
-    specs = [u["model"]] + list(u.get("rotation", {}).get("models", [])) + [p["model"] for p in cfg["eval"]["panel"]]
+    us = UserSettings.model_validate(u)  # the other models its mode runs (rotation: the members) need keys too
+    specs = [u["model"]] + [s for m in mode_chain(us.mode) for _, s in m.specs(us)]
+    specs += [p["model"] for p in cfg["eval"]["panel"]]
     api = sorted({s.split(":", 1)[1] for s in specs if kind_of(s).api})
     env_vars = sorted({u.get("api", {}).get("key_env", UserSettings().api.key_env)} - {""}) if api else []
     run_dir = Path(cfg["run"]["out_dir"]) / cfg["run"]["name"]

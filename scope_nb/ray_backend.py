@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from .config import Config, ConfigError, from_dict, to_dict, validate
 from .rollout import RolloutResult, rollout
+from .specs import mode_layers
 
 # %% auto #0
 __all__ = ['TRAINERS', 'RolloutWorker', 'write_weights', 'move_optimizer_state', 'TrainerRank', 'RemoteTrainer', 'RayBackend']
@@ -49,8 +50,6 @@ class RolloutWorker:
     def rollout(self, tasks, G, roles, temps, step, first_group, weights, panel=None, tag="") -> RolloutResult:
         """Run `tasks`; `weights` maps role -> state dict for each trainable local policy whose weights moved; `panel`
         j plays the evaluation episodes against the run's j-th panel simulator, seeded as `run.evaluate` seeds them."""
-        from scope_nb.sim_modes import PoolSpeaker
-
         if self.agent is None:
             self._build()
         speakers = {"agent": self.agent, "user": self.user if panel is None else self.panel[panel][1]}
@@ -61,8 +60,9 @@ class RolloutWorker:
             if speakers["user"] is not self.agent:
                 speakers["user"].reseed(_seed(self.cfg.run.seed, step, 20_000 + panel))
         else:
-            if isinstance(self.user, PoolSpeaker):
-                self.user.pool.refresh()  # the run loop adds checkpoints; all read the same folder
+            for mode, sp in mode_layers(self.user):  # e.g. the pool re-reads the checkpoints the run loop added
+                if mode.before_rollout is not None:
+                    mode.before_rollout(sp)
             for k, sp in enumerate({id(s): s for s in speakers.values()}.values()):
                 sp.reseed(_seed(self.cfg.run.seed, step, k))
         return rollout(self.env, tasks, G, speakers, roles, temps, step=step, first_group=first_group, tag=tag)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
 from .files import atomic_write_text, save_figure
+from .specs import mode_label
 
 # %% auto #0
 __all__ = ['PANEL_CELLS', 'RunLog', 'method_label', 'load_run', 'by_method', 'seed_band', 'curve_stats', 'mean_ci', 'diff_ci',
@@ -58,13 +59,11 @@ def method_label(cfg: dict) -> str:
         return "Base"
     if u.get("model") == "same":
         return "Self-play"
-    if u.get("mode") == "pool":
-        return "Population Co-Training"
-    if u.get("train"):
-        return "Co-Training"
-    return {"vs": "RL + VS", "rotation": "RL + Ensemble", "persona": "RL + Persona-Guided"}.get(
-        u.get("mode", "frozen"), "RL (Single)"
-    )
+    mode = u.get("mode", "frozen")
+    label = mode_label(mode)  # each mode's own label (35_specs); composed modes join theirs
+    if u.get("train") and "Co-Training" not in label:  # a trained simulator (paper §4)
+        return "Co-Training" if mode == "frozen" else f"Co-Training + {label.removeprefix('RL + ')}"
+    return label
 
 
 def load_run(path) -> RunLog:

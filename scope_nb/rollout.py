@@ -8,7 +8,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 import numpy as np
-from .core import Episode, Reply, Request, Speaker
+from .core import Reply, Request, Speaker
+from .episodes import Episode
 from .envs import Env, EnvState, Task
 from .theory import variance_split
 from .training import TokenStream
@@ -121,7 +122,7 @@ def _episode(
 ) -> Episode:
     failed = i in errors
     status = "failed" if failed else "truncated" if i in truncated else st.outcome
-    rewards = {r: None for r in ("agent", "user")} if failed else env.reward(st)
+    rewards = {r: None for r in ("agent", "user")} if failed else env.score(st)
     trajs = {
         r: streams[(i, r)].to_trajectory(r, rewards.get(r), status, models.get((i, r), speakers[r].name))
         for r in trainable

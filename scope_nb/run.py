@@ -4,13 +4,14 @@
 
 # %% ../nbs/37_run.ipynb #b10dbc76
 from __future__ import annotations
-import functools, hashlib, json, math, os, shutil, socket, sys, time
-from contextlib import contextmanager
+import functools, json, math, shutil, sys, time
 from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
 import torch
 from .config import Config, ConfigError, PanelEntry, to_dict, to_toml
+from .crash_safety import append_metrics, latest_checkpoint, load_checkpoint, read_metrics, run_lock
+from .crash_safety import save_checkpoint, summarize
 from .core import Speaker
 from .files import atomic_write_text, write_jsonl
 from .loggers import check_loggers, open_loggers
@@ -18,158 +19,15 @@ from .envs import Env, make_env
 from .grpo import GRPOTrainer, group_stats, role_items
 from .rollout import rollout
 from .theory import curriculum_reward
-from .sim_modes import PoolSpeaker, Servers
-from .specs import build_speaker, build_user
+from .sim_modes import Servers
+from .specs import build_speaker, build_user, mode_layers, trained_user
 
 # %% auto #0
-__all__ = ['append_metrics', 'MetricsError', 'read_metrics', 'summarize', 'save_checkpoint', 'checkpoint_problem',
-           'latest_checkpoint', 'load_checkpoint', 'default_panel', 'RunFailed', 'check_failures', 'evaluate',
-           'apply_sim_reward', 'build_run_speakers', 'build_panel', 'run_lock', 'train', 'Run']
+__all__ = ['default_panel', 'RunFailed', 'check_failures', 'evaluate', 'apply_sim_reward', 'build_run_speakers', 'build_panel',
+           'train', 'Run']
 
 # %% ../nbs/37_run.ipynb #c7690405
 def _seed(seed: int, step: int, k: int = 0) -> int: return (seed * 1_000_003 + step * 7_919 + k * 104_729) % 2**31
-
-# %% ../nbs/37_run.ipynb #6e08b112
-def _clean(v):
-    "JSON-safe metric value: NaN/inf become None, numpy scalars plain floats."
-    if isinstance(v, (float, np.floating)): return float(v) if math.isfinite(v) else None
-    return v
-
-def append_metrics(path: Path, row: dict):
-    "Append one metrics row as a JSON line, flushed and fsynced."
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps({k: _clean(v) for k, v in row.items()}, allow_nan=False) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-class MetricsError(ValueError):
-    "`metrics.jsonl` holds something the run did not write; the message names the file, the line and what is wrong."
-
-
-def read_metrics(path: Path) -> list[dict]:
-    """Rows of `metrics.jsonl`, each a JSON object with an integer `step`, steps increasing; a torn last line (a crash
-    mid-write) is ignored, anything else that is not the run's own row raises `MetricsError` naming file and line."""
-    if not Path(path).exists():
-        return []
-    lines = Path(path).read_text(encoding="utf-8", errors="replace").split("\n")
-    rows = []
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        where = f"{path}:{i + 1}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            if i >= len(lines) - 2:
-                break  # torn final line
-            why = f"{where}: not a JSON line ({e.msg}); remove it, or restore the run's metrics.jsonl"
-            raise MetricsError(why) from None
-        step = row.get("step") if isinstance(row, dict) else None
-        if not isinstance(step, int) or isinstance(step, bool):
-            raise MetricsError(f"{where}: a metrics row needs an integer 'step'; this one is {line[:80]!r}")
-        if rows and step <= rows[-1]["step"]:
-            raise MetricsError(f"{where}: step {step} after step {rows[-1]['step']}: rows out of order (a second "
-                               "writer, or an edited file); remove the foreign rows")
-        rows.append(row)
-    return rows
-
-
-def summarize(rows: list[dict], keys=("eval/mean", "eval/seen", "eval/unseen")) -> dict:
-    "Best (value, step), final and area under the curve (trapezoid, per step) of each eval key."
-    out = {}
-    for k in keys:
-        pts = [(r["step"], r[k]) for r in rows if r.get(k) is not None]
-        if not pts:
-            continue
-        s, v = np.array(pts, float).T
-        b = int(np.argmax(v))
-        auc = float(np.sum((v[1:] + v[:-1]) / 2 * np.diff(s)) / (s[-1] - s[0])) if len(s) > 1 else float(v[0])
-        out[k] = {
-            "best": float(v[b]),
-            "best_step": int(s[b]),
-            "final": float(v[-1]),
-            "final_step": int(s[-1]),
-            "auc": auc,
-        }
-    return out
-
-# %% ../nbs/37_run.ipynb #acbddf8e
-def _digest(path: Path) -> str:
-    with open(path, "rb") as f: return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def save_checkpoint(run_dir: Path, step: int, trainers: dict, keep: int = 2, protect: set = frozenset()) -> Path:
-    """Write weights + optimizer of each trainer to checkpoints/step_N atomically, with the SHA-256 of every file in
-    its state.json (what `latest_checkpoint` verifies), then point latest.json at it and drop all but the newest
-    `keep` (and the steps in `protect`: the best one)."""
-    ck = Path(run_dir) / "checkpoints"
-    final, tmp = ck / f"step_{step:06d}", ck / f".tmp_step_{step:06d}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    for name, tr in trainers.items():
-        tr.policy.model.save_pretrained(tmp / name)
-        tr.policy.tok.save_pretrained(tmp / name)
-        torch.save(tr.opt.state_dict(), tmp / name / "optimizer.pt")
-    files = {str(p.relative_to(tmp)): _digest(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
-    atomic_write_text(tmp / "state.json", json.dumps({"step": step, "policies": sorted(trainers), "files": files}))
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    atomic_write_text(ck / "latest.json", json.dumps({"step": step, "path": final.name}))
-    done = sorted(p for p in ck.glob("step_*") if p.is_dir())
-    for old in done[:-keep] if keep > 0 else []:
-        if int(old.name.split("_")[1]) not in protect:
-            shutil.rmtree(old, ignore_errors=True)
-    return final
-
-
-def checkpoint_problem(folder: Path) -> str | None:
-    """Why checkpoint `folder` cannot be resumed from (a missing or changed file), or None if every file matches its
-    hash."""
-    try:
-        state = json.loads((folder / "state.json").read_text())
-    except (OSError, ValueError) as e:
-        return f"state.json unreadable ({type(e).__name__})"
-    for rel, digest in state.get("files", {}).items():  # checkpoints written before hashes: nothing to compare
-        f = folder / rel
-        if not f.is_file():
-            return f"{rel} is missing"
-        if _digest(f) != digest:
-            return f"{rel} does not match the hash written when it was saved"
-    return None
-
-
-def latest_checkpoint(run_dir: Path, skipped: list | None = None) -> tuple[int, Path] | None:
-    """(step, folder) of the newest checkpoint whose files all verify, or None; the ones passed over (torn or changed
-    files) are appended to `skipped` as (folder, why). `latest.json` is only a pointer: the folders decide."""
-    ck = Path(run_dir) / "checkpoints"
-    for folder in sorted((p for p in ck.glob("step_*") if p.is_dir()), reverse=True):
-        why = checkpoint_problem(folder)
-        if why is None:
-            return int(folder.name.split("_")[1]), folder
-        if skipped is not None:
-            skipped.append((folder, why))
-    return None
-
-
-def load_checkpoint(folder: Path, trainers: dict):
-    """Load weights and optimizer state of each trainer from a checkpoint folder (reference models stay at the initial
-    weights)."""
-    for name, tr in trainers.items():
-        model = tr.policy.model
-        if hasattr(model, "peft_config"):  # a LoRA policy's checkpoint is its adapter (32_grpo); the base is fixed
-            from peft import set_peft_model_state_dict
-            from safetensors.torch import load_file
-
-            res = set_peft_model_state_dict(model, load_file(folder / name / "adapter_model.safetensors"))
-            if getattr(res, "unexpected_keys", None):
-                raise ValueError(f"{folder / name}: adapter keys the policy does not have: {res.unexpected_keys[:3]}")
-        else:
-            fresh = type(model).from_pretrained(folder / name, dtype=next(model.parameters()).dtype)
-            model.load_state_dict(fresh.state_dict())
-        tr.opt.load_state_dict(torch.load(folder / name / "optimizer.pt", weights_only=True))
 
 # %% ../nbs/37_run.ipynb #26a5d853
 def default_panel(cfg: Config) -> list[PanelEntry]:
@@ -231,7 +89,7 @@ def evaluate(
 def apply_sim_reward(episodes, mode: str):
     "Overwrite the user's reward of scored episodes according to `mode` (env | adversarial | cooperative | curriculum)."
     if mode == "env": return
-    from scope_nb.core import group_episodes
+    from scope_nb.episodes import group_episodes
     for g in group_episodes(episodes):
         ok = [e for e in g.episodes if e.status != "failed" and e.rewards.get("agent") is not None]
         cur = curriculum_reward([e.rewards["agent"] for e in ok]) if ok else None
@@ -266,33 +124,6 @@ def build_panel(cfg: Config, env: Env, agent: Speaker, user: Speaker, servers: S
         )
         panel.append((entry, sim))
     return panel
-
-@contextmanager
-def run_lock(run_dir: Path):
-    """Hold `run_dir/.lock` while a run writes there: a second writer is refused, naming the process that holds it.
-    It is an OS file lock (flock), so a killed process releases it and the next run takes over without asking."""
-    import fcntl
-    run_dir.mkdir(parents=True, exist_ok=True)
-    f = open(run_dir / ".lock", "a+")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        f.seek(0)
-        holder = f.read().strip() or "another process"
-        f.close()
-        raise ConfigError(
-            f"{run_dir} is being written by {holder}; wait for it, stop it, or set run.name for another run"
-        ) from None
-    f.seek(0)
-    f.truncate()
-    f.write(f"process {os.getpid()} on {socket.gethostname()}")
-    f.flush()
-    try:
-        yield
-    finally:
-        fcntl.flock(f, fcntl.LOCK_UN)
-        f.close()
-
 
 def train(cfg: Config, resume: bool = False, progress: bool = True, backend=None) -> Path:
     """Run GRPO training as configured; returns the run folder.
@@ -333,6 +164,14 @@ class Run:
     sinks: list = field(default_factory=list)  # TensorBoard / W&B mirrors of metrics.jsonl (05_loggers)
     backend: object = None  # where rollouts and evaluation episodes are played (64_ray), None: in this process
 
+    def sync_weights(self) -> None:
+        """Bring the driver's copies of the trained policies up to date before they are written: a backend's trainer
+        group may keep the newest weights to itself and hand its engines a folder instead (64_ray,
+        `RemoteTrainer.sync`)."""
+        for tr in self.trainers.values():
+            if hasattr(tr, "sync"):
+                tr.sync()
+
     def record(self, row: dict) -> None:
         "Append a metrics row to metrics.jsonl, then to each mirror."
         append_metrics(self.mpath, row)
@@ -351,11 +190,10 @@ class Run:
 def _build(cfg: Config, servers: Servers, backend) -> Run:
     "Stage 1: speakers, one trainer per distinct trained policy (GRPO of 32_grpo, or the backend's), the eval panel."
     env, agent, user = build_run_speakers(cfg, servers)
-    speakers = {"agent": agent, "user": user}
     roles = tuple(r for r in ("agent", "user") if getattr(cfg, r).train)
     trainers, plays = {}, {}
     for r in roles:
-        sp = speakers[r].current if isinstance(speakers[r], PoolSpeaker) else speakers[r]
+        sp = trained_user(user) if r == "user" else agent  # a mode may train one of its speakers (pool: the current)
         if sp.name not in trainers:
             make = backend.trainer if backend is not None else GRPOTrainer
             trainers[sp.name] = make(sp, cfg.grpo, temperature=getattr(cfg, r).temperature)
@@ -378,8 +216,10 @@ def _first_step(run: Run, resume: bool) -> int:
     _drop_after(run.run_dir, ck[0] if ck else 0)
     if ck:
         load_checkpoint(ck[1], run.trainers)
-    if isinstance(run.user, PoolSpeaker):
-        run.user.pool.truncate(ck[0] if ck else 0)
+    states = json.loads((ck[1] / "modes.json").read_text()) if ck and (ck[1] / "modes.json").exists() else {}
+    for mode, sp in mode_layers(run.user):  # e.g. the pool drops entries added after the checkpoint
+        if mode.on_resume is not None:
+            mode.on_resume(sp, ck[0] if ck else 0, states.get(mode.name))
     kept = [r for r in read_metrics(run.mpath) if ck and r["step"] <= ck[0]]
     atomic_write_text(run.mpath, "".join(json.dumps(r, allow_nan=False) + "\n" for r in kept))
     start = ck[0] + 1 if ck else 0
@@ -475,7 +315,7 @@ def _measure_collapse(run: Run, eps: list, step: int, row: dict):
     hist = user_histories([e for e in eps if e.status != "failed"], c.histories)
     if not hist:
         return
-    _sync_weights(run)  # the meter samples the driver's simulator: it must be the one trained so far
+    run.sync_weights()  # the meter samples the driver's simulator: it must be the one trained so far
     run.user.reseed(_seed(run.cfg.run.seed, step, 30_000))
     rep = collapse_meter(run.user, hist, c.draws, c.labeler, run.cfg.user.temperature)
     row["sim/collapse_eps"], row["sim/collapse_eps_bar_H"] = rep.eps_hat, rep.eps_bar_H
@@ -536,14 +376,6 @@ def _best_step(run: Run, step: int) -> int | None:
     return best
 
 
-def _sync_weights(run: Run):
-    """Bring the driver's copies of the trained policies up to date before they are written: a backend's trainer group
-    may keep the newest weights to itself and hand its engines a folder instead (64_ray, `RemoteTrainer.sync`)."""
-    for tr in run.trainers.values():
-        if hasattr(tr, "sync"):
-            tr.sync()
-
-
 def _after_step(run: Run, step: int, row: dict, t_step: float):
     "Stage 7: evaluation on the panel, the simulator pool, metrics, checkpoint and summary, in that order."
     cfg = run.cfg
@@ -551,18 +383,18 @@ def _after_step(run: Run, step: int, row: dict, t_step: float):
         t0 = time.perf_counter()
         row.update(evaluate(cfg, run.env, run.agent, run.panel, step, run.run_dir, run.backend))
         row["time/eval"] = time.perf_counter() - t0
-    if isinstance(run.user, PoolSpeaker) and step > 0 and step % cfg.user.pool.every == 0:
-        _sync_weights(run)
-        run.user.pool.add(
-            run.user.current.model, run.user.current.tok, step
-        )  # dropped again on resume if this step is replayed
-        row["sim/pool_size"] = len(run.user.pool.entries)
+    for mode, sp in mode_layers(run.user):  # the user modes' own step (the pool adds a checkpoint)
+        if mode.after_step is not None:
+            mode.after_step(sp, run, step, row)
     row["time/step"], row["wall_time"] = time.perf_counter() - t_step, time.time()
     run.record(row)
     if step > 0 and (step % cfg.checkpoint.every == 0 or step == cfg.run.steps):
         best = _best_step(run, step)
-        _sync_weights(run)
-        save_checkpoint(run.run_dir, step, run.trainers, cfg.checkpoint.keep, protect={best} if best else set())
+        run.sync_weights()
+        states = {m.name: m.state(sp) for m, sp in mode_layers(run.user) if m.state is not None}
+        extra = {"modes.json": json.dumps(states)} if states else {}
+        keep, protect = cfg.checkpoint.keep, {best} if best else set()
+        save_checkpoint(run.run_dir, step, run.trainers, keep, protect=protect, extra=extra)
     if "eval/mean" in row:
         atomic_write_text(run.run_dir / "summary.json", json.dumps(summarize(read_metrics(run.mpath)), indent=1))
 

@@ -17,7 +17,7 @@ __all__ = ['run_finished', 'method_comparisons', 'fig_sweep', 'run_experiment', 
 # %% ../nbs/42_runner.ipynb #a3c495fe
 def run_finished(cfg: Config) -> bool:
     "Whether the run folder holds a metrics row for the last step (and, when it trains, a checkpoint of it)."
-    from scope_nb.run import read_metrics, latest_checkpoint
+    from scope_nb.crash_safety import read_metrics, latest_checkpoint
     rows = read_metrics(cfg.run_dir / "metrics.jsonl")
     if not rows or rows[-1].get("step") != cfg.run.steps: return False
     return cfg.run.steps == 0 or (latest_checkpoint(cfg.run_dir) or (None,))[0] == cfg.run.steps

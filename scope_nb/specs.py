@@ -4,12 +4,12 @@
 
 # %% ../nbs/35_specs.ipynb #5bec0004
 from __future__ import annotations
-import importlib.util
+import difflib, importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal
-from pydantic import Field, field_validator
-from .core import echo_user, ScriptedSpeaker, Settings, Speaker
+from pydantic import ConfigDict, Field, field_validator, model_validator
+from .core import echo_user, parse_settings, ScriptedSpeaker, Settings, settings_model, Speaker
 from .grpo import LoraSettings, apply_lora
 from .llama_server import llama_server_available
 from .models import PACKAGED_MODELS, hub_message, hub_offline, hub_snapshot, is_hub_id, load_causal_lm
@@ -20,9 +20,10 @@ from .training import LocalPolicy, tiny_policy
 from .verbalized import VSConfig
 
 # %% auto #0
-__all__ = ['SIM_REWARDS', 'KINDS', 'SCRIPTED_FNS', 'MODES', 'ApiSettings', 'PoolSettings', 'RotationSettings', 'PersonaSettings',
+__all__ = ['SIM_REWARDS', 'MODES', 'KINDS', 'SCRIPTED_FNS', 'ApiSettings', 'PoolSettings', 'RotationSettings', 'PersonaSettings',
            'SpeakerSettings', 'AgentSettings', 'UserSettings', 'SpecKind', 'register_kind', 'kind_of', 'check_spec',
-           'build_speaker', 'UserMode', 'register_mode', 'build_user']
+           'build_speaker', 'UserMode', 'register_mode', 'mode_chain', 'mode_label', 'build_user', 'mode_layers',
+           'trained_user']
 
 # %% ../nbs/35_specs.ipynb #75b00ec1
 SIM_REWARDS = ("env", "adversarial", "cooperative", "curriculum")
@@ -115,6 +116,9 @@ class AgentSettings(SpeakerSettings):
     train: bool = Field(True, description="train the agent with GRPO")
 
 
+MODES: dict = {}  # name -> UserMode (below): the registry of user.mode values
+
+
 class UserSettings(SpeakerSettings):
     "The `[user]` table: the user simulator φ_ψ, and which of the paper's methods varies it (`mode`, Table 1)."
 
@@ -127,7 +131,9 @@ class UserSettings(SpeakerSettings):
         description="the trained simulator's reward (paper Table 9): env, adversarial "
         "(1 − agent's), cooperative (agent's), curriculum (peaks at group variance 0.25)",
     )
-    mode: str = Field("frozen", description="frozen, vs, rotation, persona, pool, or any mode added with register_mode")
+    mode: str = Field(
+        "frozen", description="a mode of 35_specs (or one added with register_mode); modes joined by '+' compose"
+    )
     vs: VSConfig = Field(default_factory=VSConfig, description="Verbalized Sampling (mode = 'vs')")
     pool: PoolSettings = Field(default_factory=PoolSettings, description="Population Co-Training (mode = 'pool')")
     rotation: RotationSettings = Field(
@@ -135,12 +141,36 @@ class UserSettings(SpeakerSettings):
     )
     persona: PersonaSettings = Field(default_factory=PersonaSettings, description="Persona-Guided (mode = 'persona')")
 
+    model_config = ConfigDict(extra="allow")  # the tables of modes added with register_mode, checked below
+
     @field_validator("mode")
     @classmethod
     def _known_mode(cls, v):
-        if v not in MODES:
-            raise ValueError(f"use one of {', '.join(MODES)} (or add one with register_mode)")
+        try:
+            mode_chain(v)
+        except ValueError as e:
+            raise ValueError(str(e).removeprefix(f"user.mode = {v!r}: ")) from None
         return v
+
+    @model_validator(mode="after")
+    def _mode_tables(self):
+        """A key [user] does not declare must be the table of a registered mode with settings, and is checked
+        against them; a chosen mode's table that is missing gets its defaults (written to the run's config.toml)."""
+        extra, declared = self.__pydantic_extra__, type(self).model_fields
+        for k, v in list(extra.items()):
+            mode = MODES.get(k)
+            if mode is None or mode.settings is None:
+                allowed = list(declared) + [m for m, u in MODES.items() if u.settings and m not in declared]
+                close = difflib.get_close_matches(k, allowed, 1)
+                hint = f"; did you mean 'user.{close[0]}'?" if close else ""
+                raise ValueError(f"user.{k}: unknown key{hint} (allowed in [user]: {', '.join(allowed)})")
+            if not isinstance(v, mode.settings):
+                extra[k] = parse_settings(mode.settings, v, f"user.{k}")
+        for n in self.mode.split("+"):
+            mode = MODES.get(n)  # (registered below; the defaults are not validated)
+            if mode is not None and mode.settings is not None and n not in declared and n not in extra:
+                extra[n] = mode.settings()
+        return self
 
 # %% ../nbs/35_specs.ipynb #5bec0007
 @dataclass(frozen=True)
@@ -148,7 +178,7 @@ class SpecKind:
     "One kind of model spec: how to recognise it, check it before any work, build its speaker, and what it can do."
     name: str
     match: Callable[[str], bool]                        # does this kind own `spec`?
-    check: Callable[[str, Any, str], None]  # (spec, env vocabulary or None, role): raise ValueError(fix) if unusable
+    check: Callable[[str, Any, str], None]  # (spec, environment class or None, role): raise ValueError(fix) if unusable
     build: Callable[..., Speaker]  # (spec, sec, env, name, seed, trainable, servers) -> Speaker
     trainable: Callable[[str], bool] = lambda spec: False  # has local weights GRPO can update
     verbalizes: Callable[[str], bool] = lambda spec: False  # implements `propose` (Verbalized Sampling)
@@ -172,11 +202,12 @@ def kind_of(spec: str) -> SpecKind:
     return next(k for k in KINDS if k.match(spec))
 
 
-def check_spec(spec: str, key: str, env_vocab=None, role: str = "user") -> SpecKind:
-    "Validate `spec` as the value of config key `key`; raises ValueError whose message starts with the key."
+def check_spec(spec: str, key: str, env=None, role: str = "user") -> SpecKind:
+    """Validate `spec` as the value of config key `key` for environment class `env` (None: no environment); raises
+    ValueError whose message starts with the key."""
     kind = kind_of(spec)
     try:
-        kind.check(spec, env_vocab, role)
+        kind.check(spec, env, role)
     except ValueError as e:
         raise ValueError(f"{key} = {spec!r}: {e}") from None
     return kind
@@ -204,12 +235,12 @@ def _local_kw(sec, name, seed, trainable) -> dict:
     )
 
 
-def _check_tiny(spec, vocab, role):
-    if vocab is None:
+def _check_tiny(spec, env, role):
+    if getattr(env, "vocab", None) is None:
         raise ValueError("the tiny word-level policy needs an environment with a vocabulary (e.g. env.name = 'echo')")
 
 
-def _check_same(spec, vocab, role):
+def _check_same(spec, env, role):
     if role != "user":
         raise ValueError("only the user can be 'same' (self-play: the agent's policy answers both roles)")
 
@@ -218,10 +249,10 @@ def _build_same(spec, *a, **kw):
     raise ValueError("'same' is the agent's own policy: build_user returns the agent for it")
 
 
-def _check_lab(spec, vocab, role):
+def _check_lab(spec, env, role):
     from scope_nb.lab import LAB_VOCAB, check_lab_spec
 
-    if vocab != LAB_VOCAB:
+    if getattr(env, "vocab", None) != LAB_VOCAB:
         raise ValueError("lab speakers play only the lab game; set env.name = 'lab'")
     try:
         check_lab_spec(spec)
@@ -235,15 +266,15 @@ def _build_lab(spec, sec, env, name, seed, trainable, servers):
     return lab_speaker(spec, name, seed, trainable, sec.temperature, sec.max_new_tokens, sec.hidden, sec.layers)
 
 
-def _check_shop(spec, vocab, role):
+def _check_shop(spec, env, role):
     from scope_nb.shop import shop_family
 
     try:
         _, fam = shop_family(spec)
     except ValueError as e:
         raise ValueError(str(e).removeprefix(f"{spec!r}: ")) from None
-    if vocab is not None:
-        raise ValueError("shop customers play the shop game; set env.name = 'shop'")
+    if env is not None and getattr(env, "name", None) != "shop":
+        raise ValueError(f"shop customers play the shop game, not {getattr(env, 'name', env)!r}; set env.name = 'shop'")
     _check_llama(f"llama:{fam.model}", None, "user")
 
 
@@ -261,7 +292,7 @@ def _shop_chat(spec) -> bool:
     return fam is not None and fam.style == "chat"
 
 
-def _check_llama(spec, vocab, role):
+def _check_llama(spec, env, role):
     if not llama_server_available():
         raise ValueError("needs llama.cpp's llama-server: `scope llama-server build` (make venv does it)")
     _check_local(spec.split(":", 1)[1], None, "user")
@@ -278,22 +309,22 @@ def _build_api(spec, sec, env, name, seed, trainable, servers):
     return ApiSpeaker(cfg, name=name, temperature=sec.temperature, seed=seed)
 
 
-def _check_api(spec, vocab, role):
+def _check_api(spec, env, role):
     if importlib.util.find_spec("openai") is None:
         raise ValueError("needs the openai client: install the `api` extra")
 
 
-def _check_scripted(spec, vocab, role):
+def _check_scripted(spec, env, role):
     if spec.split(":", 1)[1] not in SCRIPTED_FNS:
         raise ValueError(f"unknown scripted speaker; known: {', '.join('scripted:' + s for s in SCRIPTED_FNS)}")
 
 
-def _check_hub(spec, vocab, role):
+def _check_hub(spec, env, role):
     "Offline, a hub id must be in the cache already; online it is downloaded when the speaker is built (before step 0)."
     if hub_offline() and hub_snapshot(spec) is None:
         raise ValueError(hub_message(spec, "HF_HUB_OFFLINE is set"))
 
-def _check_local(spec, vocab, role):
+def _check_local(spec, env, role):
     if spec in PACKAGED_MODELS:
         if not model_installed(spec):
             raise ValueError(
@@ -374,27 +405,72 @@ def build_speaker(
 # %% ../nbs/35_specs.ipynb #5bec000c
 @dataclass(frozen=True)
 class UserMode:
-    "One value of `user.mode`: what it needs of the user spec, and how it wraps the base speaker."
+    """One value of `user.mode`: how it wraps the base speaker, what it needs of the `[user]` table, its own settings
+    table, its label in reports, and its hooks into the run loop. Every hook gets the speaker this mode built."""
     name: str
-    build: Callable[
-        ..., Speaker
-    ]  # (base, sec, seed, run_dir, env, servers) -> Speaker; base None if builds_base is False
-    check: Callable[[Any], None] = lambda sec: (
-        None
-    )  # (user section): raise ValueError(fix) if the mode cannot run with it
+    build: Callable[..., Speaker]  # (base, sec, seed, run_dir, env, servers) -> Speaker; base None if not builds_base
+    check: Callable[[Any], None] = lambda sec: None  # (user section): raise ValueError(fix) if the mode cannot run
     builds_base: bool = True  # False: the mode builds its speakers itself (rotation) and gets base=None
-    paper: str = ""  # the row of the paper's Table 1 it stands for
+    label: str = ""  # the method's name in reports (the paper's Table 1 row); '' = "RL + <name>"
+    settings: type | None = None  # a Settings class: the mode's own table [user.<name>], checked with the config
+    specs: Callable[[Any], list] = lambda sec: []  # (user section) -> [(config key, model spec)] it also runs
+    wraps: bool = False  # may stand after '+' and wrap any other mode's speaker (composition, e.g. 'persona+vs')
+    policy: Callable[[Speaker], Speaker] | None = None  # the speaker whose weights GRPO trains (user.train)
+    after_step: Callable | None = None  # (speaker, run, step, row): after each step's evaluation; may add sim/* metrics
+    state: Callable[[Speaker], dict] | None = None  # JSON-able state saved in every checkpoint
+    on_resume: Callable | None = None  # (speaker, step, state or None): the run resumes from checkpoint `step`
+    before_rollout: Callable[[Speaker], None] | None = None  # on a rollout worker (another process) before its episodes
 
-
-MODES: dict[str, UserMode] = {}
 
 
 def register_mode(mode: UserMode) -> UserMode:
-    "Add (or replace) a `user.mode`; config validation and `build_user` see it at once."
+    "Add (or replace) a `user.mode`; config validation, `build_user`, the run loop and reports see it at once."
+    if mode.settings is not None and not (isinstance(mode.settings, type) and issubclass(mode.settings, Settings)):
+        raise TypeError(f"register_mode({mode.name!r}): settings must be a Settings class (core): {mode.settings!r}")
+    field = UserSettings.model_fields.get(mode.name)
+    if field is not None and settings_model(field.annotation) is None:
+        raise ValueError(f"register_mode({mode.name!r}): that name is a [user] key already; choose another name")
     MODES[mode.name] = mode
     return mode
 
 
+def _mode_entry_points():
+    "Register the modes installed packages declare in the entry-point group `scope_nb.modes` (a UserMode each)."
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group="scope_nb.modes"):
+        if ep.name not in MODES:
+            mode = ep.load()
+            if not isinstance(mode, UserMode) or mode.name != ep.name:
+                raise ValueError(f"entry point scope_nb.modes.{ep.name} = {ep.value!r}: it must name a UserMode called "
+                                 f"{ep.name!r}")
+            register_mode(mode)
+
+
+def mode_chain(mode: str) -> list[UserMode]:
+    """The registered modes of a `user.mode` value: one name, or names joined by '+', the first building on the
+    user's model and each later one wrapping the speaker before it (it must be declared `wraps`)."""
+    names = mode.split("+")
+    if any(n not in MODES for n in names):
+        _mode_entry_points()
+    for n in names:
+        if n not in MODES:
+            what = "" if len(names) == 1 else f"{n!r} is not a mode; "
+            known = ", ".join(MODES)
+            raise ValueError(f"user.mode = {mode!r}: {what}use one of {known} (or add one with register_mode)")
+    for n in names[1:]:
+        if not MODES[n].wraps:
+            wrappers = ", ".join(m for m, u in MODES.items() if u.wraps)
+            raise ValueError(f"user.mode = {mode!r}: {n!r} cannot wrap another mode; only {wrappers} can follow '+'")
+    return [MODES[n] for n in names]
+
+
+def mode_label(mode: str) -> str:
+    "The report label of a (composed) mode: 'persona+vs' -> 'RL + Persona-Guided + VS'."
+    labels = [MODES[n].label or f"RL + {n}" if n in MODES else f"RL + {n}" for n in mode.split("+")]
+    return labels[0] + "".join(" + " + l.removeprefix("RL + ") for l in labels[1:])
+
+# %% ../nbs/35_specs.ipynb #5bec00c1
 def _vs(base, sec, seed, run_dir, env, servers):
     return Verbalized(base, sec.vs, seed=seed)
 
@@ -407,27 +483,11 @@ def _check_vs(sec):
             chats = ", ".join("shop:" + k for k, f in SHOP_FAMILIES.items() if f.style == "chat")
             raise ValueError(
                 f"user.mode = 'vs' with user.model = {sec.model!r}: that family is a base model without a chat "
-                "template; "
-                f"use a chat family ({chats})"
+                f"template; use a chat family ({chats})"
             )
         raise ValueError(
             "user.mode = 'vs' asks the simulator for a JSON answer: use an API model (user.model = 'llama:smollm2' or "
             "'api:<model>'), a lab simulator (lab:<family>@<gamma>) or a shop chat family (shop:<family>)"
-        )
-
-
-def _pool(base, sec, seed, run_dir, env, servers):
-    pool = CheckpointPool(Path(run_dir) / "pool", sec.pool.size)
-    if not pool.entries:
-        pool.add(base.model, base.tok, 0)  # the initial simulator
-    return PoolSpeaker(base, pool, sec.pool.sampling, seed)
-
-
-def _check_pool(sec):
-    if not (sec.train and kind_of(sec.model).trainable(sec.model)):
-        raise ValueError(
-            "user.mode = 'pool' is Population Co-Training: set user.train = true with a local model "
-            "(tiny, lab-user:<family>, smollm2, a path)"
         )
 
 
@@ -443,27 +503,75 @@ def _check_rotation(sec):
         raise ValueError("user.mode = 'rotation' needs at least two model specs in user.rotation.models")
 
 
+def _rotation_specs(sec) -> list:
+    return [(f"user.rotation.models[{i}]", s) for i, s in enumerate(sec.rotation.models)]
+
+
+def _persona(base, sec, seed, *ctx):
+    return PersonaGuided(base, load_personas(sec.persona.source), seed)
+
+# %% ../nbs/35_specs.ipynb #5bec00c2
+def _pool(base, sec, seed, run_dir, env, servers):
+    pool = CheckpointPool(Path(run_dir) / "pool", sec.pool.size)
+    if not pool.entries:
+        pool.add(base.model, base.tok, 0)  # the initial simulator
+    return PoolSpeaker(base, pool, sec.pool.sampling, seed)
+
+
+def _check_pool(sec):
+    if not (sec.train and kind_of(sec.model).trainable(sec.model)):
+        raise ValueError(
+            "user.mode = 'pool' is Population Co-Training: set user.train = true with a local model "
+            "(tiny, lab-user:<family>, smollm2, a path)"
+        )
+
+
+def _pool_after_step(sp: PoolSpeaker, run, step: int, row: dict):
+    "Every `user.pool.every` steps the trained simulator's weights join the pool (the oldest beyond K leave)."
+    if step > 0 and step % run.cfg.user.pool.every == 0:
+        run.sync_weights()  # a backend's trainer group may hold the newest weights
+        sp.pool.add(sp.current.model, sp.current.tok, step)  # dropped again on resume if this step is replayed
+        row["sim/pool_size"] = len(sp.pool.entries)
+
+
 for _m in (
-    UserMode("frozen", lambda base, *ctx: base, paper="RL (Single); Co-Training with user.train"),
-    UserMode("vs", _vs, _check_vs, paper="RL + VS"),
-    UserMode("rotation", _rotation, _check_rotation, builds_base=False, paper="RL + Ensemble"),
-    UserMode(
-        "persona",
-        lambda base, sec, seed, *ctx: PersonaGuided(base, load_personas(sec.persona.source), seed),
-        lambda sec: load_personas(sec.persona.source),
-        paper="Persona-Guided",
-    ),
-    UserMode("pool", _pool, _check_pool, paper="Population Co-Training"),
+    UserMode("frozen", lambda base, *ctx: base, label="RL (Single)"),  # Co-Training when user.train (40_report)
+    UserMode("vs", _vs, _check_vs, label="RL + VS", settings=VSConfig, wraps=True),
+    UserMode("rotation", _rotation, _check_rotation, builds_base=False, label="RL + Ensemble",
+             settings=RotationSettings, specs=_rotation_specs),
+    UserMode("persona", _persona, lambda sec: load_personas(sec.persona.source), label="RL + Persona-Guided",
+             settings=PersonaSettings, wraps=True),
+    UserMode("pool", _pool, _check_pool, label="Population Co-Training", settings=PoolSettings,
+             policy=lambda sp: sp.current, after_step=_pool_after_step,
+             on_resume=lambda sp, step, state: sp.pool.truncate(step),
+             before_rollout=lambda sp: sp.pool.refresh()),  # the run loop adds checkpoints; workers re-read the folder
 ):
     register_mode(_m)
 
-
+# %% ../nbs/35_specs.ipynb #5bec00c3
 def build_user(sec, env, seed: int, agent: Speaker, servers: Servers | None, run_dir: Path | None = None) -> Speaker:
-    "The user speaker for `user.mode` (any registered mode) or self-play (`user.model = 'same'`)."
+    """The user speaker for `user.mode` (any registered mode, or a '+' composition) or self-play (`user.model =
+    'same'`). The speaker each mode built is kept in order on the outer one as `mode_layers` (what the hooks get)."""
     if sec.model == "same":
         return agent
-    if sec.mode not in MODES:
-        raise ValueError(f"user.mode: {sec.mode!r}; use one of {', '.join(MODES)}")
-    mode = MODES[sec.mode]
-    base = build_speaker(sec.model, sec, env, "user", seed, sec.train, servers) if mode.builds_base else None
-    return mode.build(base, sec, seed, run_dir, env, servers)
+    chain = mode_chain(sec.mode)
+    sp = build_speaker(sec.model, sec, env, "user", seed, sec.train, servers) if chain[0].builds_base else None
+    layers = []
+    for mode in chain:
+        sp = mode.build(sp, sec, seed, run_dir, env, servers)
+        layers.append((mode, sp))
+    sp.mode_layers = layers
+    return sp
+
+
+def mode_layers(user: Speaker) -> list[tuple[UserMode, Speaker]]:
+    "(mode, the speaker it built) for each mode of a user `build_user` made, innermost first ([] for self-play)."
+    return getattr(user, "mode_layers", [])
+
+
+def trained_user(user: Speaker) -> Speaker:
+    "The speaker whose weights GRPO updates when `user.train`: the first mode's `policy` of its speaker, else the user."
+    layers = mode_layers(user)
+    if layers and layers[0][0].policy is not None:
+        return layers[0][0].policy(layers[0][1])
+    return user

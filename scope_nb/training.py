@@ -8,7 +8,8 @@ import inspect, zlib
 from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
-from .core import parse_tool_calls, Reply, RoleTrajectory, Sample, Speaker
+from .core import parse_tool_calls, Reply, Sample, Speaker
+from .episodes import RoleTrajectory
 
 # %% auto #0
 __all__ = ['TINY_SPECIALS', 'TINY_TEMPLATE', 'sample_batch', 'pad_right', 'scores_from_logits', 'token_logprobs', 'first_scored',

@@ -161,7 +161,7 @@ def test_resume_with_changed_settings_records_them_in_config_toml(tmp_path):
 
 def test_metrics_readers_name_the_file_and_line_of_a_foreign_row(tmp_path):
     "Garbage, a row without a step, and a foreign row appended out of order each fail naming file:line; a torn end is fine."
-    from scope_nb.run import MetricsError
+    from scope_nb.crash_safety import MetricsError
     m = tmp_path / "metrics.jsonl"
     good = "".join(json.dumps({"step": s, "eval/mean": 0.1 * s}) + "\n" for s in range(4))
     for bad, line, why in (('{"step": 4, "eval/me', 5, None), ("not json\n" + '{"step": 9}\n', 5, "not a JSON line"),

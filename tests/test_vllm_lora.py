@@ -3,7 +3,7 @@ the simulator's pool entries on one server, and self-play with one adapter in bo
 import math
 import pytest
 from conftest import ROOT
-from scope_nb.run import read_metrics, latest_checkpoint
+from scope_nb.crash_safety import read_metrics, latest_checkpoint
 
 
 def _spy(monkeypatch):

@@ -3,7 +3,9 @@
     python tools/check_layout.py [--root .]
 
 Each `nbs/NN_*.ipynb` names the module it exports (`#| default_exp`); every `import` of a `scope_nb` module in the
-library, lazy imports inside functions included, must point to a notebook numbered below the importer's. Two
+library, lazy imports inside functions included, and every string naming one (a registry entry such as
+"scope_nb.p4g:P4GEnv", imported later by name) must point to a notebook numbered below the importer's; entry points
+the package declares in pyproject.toml must name modules that exist. Two
 notebooks may not share a number. Exit 1 with one line per violation.
 
 `tools/layout_known.txt` lists the forward imports still being untangled, one `importer -> imported` per line; the
@@ -45,6 +47,9 @@ def imports_of(py: Path, package: str, known) -> list[tuple[int, str]]:
         elif isinstance(node, ast.Import):
             for a in node.names:
                 if a.name.startswith("scope_nb."): add(node.lineno, a.name[9:])
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):  # a string registry: "scope_nb.mod:Name"
+            m = re.fullmatch(r"scope_nb\.([A-Za-z_][\w.]*)(:[\w.]+)?", node.value)
+            if m: add(node.lineno, m.group(1))
     return out
 
 
@@ -73,6 +78,15 @@ def check(root: Path) -> list[str]:
                     problems.append(f"scope_nb/{rel}.py:{line} ({nb}) imports {m} ({mods[m][1]}): a notebook may only import "
                                     f"lower-numbered ones; move the code or renumber the notebooks")
     problems += [f"tools/layout_known.txt: {a} -> {b} no longer occurs; delete that line" for a, b in sorted(known - seen)]
+    pyproject = root / "pyproject.toml"
+    if pyproject.exists():
+        import tomllib
+        groups = tomllib.loads(pyproject.read_text()).get("project", {}).get("entry-points", {})
+        for group, eps in groups.items():
+            for name, target in eps.items():
+                mod = target.split(":")[0]
+                if mod.startswith("scope_nb.") and not mod.startswith("scope_nb._") and mod[9:] not in mods:
+                    problems.append(f"pyproject.toml: entry point {group}.{name} = {target!r}: no notebook exports {mod}")
     return problems
 
 

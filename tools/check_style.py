@@ -1,4 +1,5 @@
-"""Library style check: one statement per line (no `;`) and no line over 120 characters in `scope_nb/`.
+"""Library style check: one statement per line (no `;`), no line over 120 characters and no module over 600 lines
+in `scope_nb/`.
 
     python tools/check_style.py [--root .]
 
@@ -9,10 +10,13 @@ import argparse, io, sys, tokenize
 from pathlib import Path
 
 LIMIT = 120
+MODULE_LINES = 600  # past this a module holds more than one idea: split its notebook
 
 
 def problems(py: Path) -> list[str]:
     out, text = [], py.read_text()
+    n = len(text.splitlines())
+    if n > MODULE_LINES: out.append(f"{py}: {n} lines (at most {MODULE_LINES}); split its notebook")
     for i, line in enumerate(text.splitlines(), 1):
         if len(line) > LIMIT and not line.startswith("__all__ = ["):
             out.append(f"{py}:{i}: {len(line)} characters (at most {LIMIT})")
@@ -28,7 +32,7 @@ def main(argv=None) -> int:
     files = sorted(p for p in (root / "scope_nb").rglob("*.py") if p.name != "_modidx.py")
     bad = [p for f in files for p in problems(f)]
     for b in bad: print(b)
-    ok = f"one statement per line, lines <= {LIMIT} characters"
+    ok = f"one statement per line, lines <= {LIMIT} characters, modules <= {MODULE_LINES} lines"
     print(f"style check: {len(files)} modules, " + (f"{len(bad)} problems" if bad else ok))
     return 1 if bad else 0
 

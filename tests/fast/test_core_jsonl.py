@@ -2,7 +2,8 @@
 import json, math
 import pytest
 from hypothesis import given, settings, strategies as st, HealthCheck
-from scope_nb.core import Conversation, Episode, Message, RoleTrajectory, STATUSES, ToolCall, Turn, ValidationError
+from scope_nb.core import Conversation, Message, ToolCall, Turn, ValidationError
+from scope_nb.episodes import Episode, RoleTrajectory, STATUSES
 from scope_nb.files import read_jsonl, write_jsonl
 
 finite = st.floats(allow_nan=False, allow_infinity=False)

@@ -48,3 +48,22 @@ def test_style_passes_and_fails_on_a_long_line_or_a_semicolon(tmp_path):
     r = _style(root)
     n = len(core.read_text().splitlines())
     assert r.returncode == 1 and f"core.py:{n - 1}: ';' joins two statements" in r.stdout and f"core.py:{n}: 136 characters" in r.stdout, r.stdout
+
+
+def test_string_registry_and_entry_point_are_checked(tmp_path):
+    "A string naming a higher-numbered module is a dependency too; an entry point must name a module that exists."
+    root = _copy(tmp_path)
+    envs = root / "scope_nb" / "envs.py"
+    envs.write_text(envs.read_text() + '\n\nLATER = {"p4g": "scope_nb.p4g:P4GEnv"}   # envs (10) naming p4g (11) by string\n')
+    shutil.copy2(ROOT / "pyproject.toml", root / "pyproject.toml")
+    with open(root / "pyproject.toml", "a") as f: f.write('\n[project.entry-points."scope_nb.extra"]\nx = "scope_nb.nowhere:X"\n')
+    r = _check(root)
+    assert r.returncode == 1 and "scope_nb/envs.py" in r.stdout and "imports p4g (11_p4g.ipynb)" in r.stdout, r.stdout
+    assert "entry point scope_nb.extra.x = 'scope_nb.nowhere:X': no notebook exports scope_nb.nowhere" in r.stdout, r.stdout
+
+
+def test_style_fails_on_a_module_over_600_lines(tmp_path):
+    root = _copy(tmp_path)
+    (root / "scope_nb" / "big.py").write_text("x = 1\n" * 601)
+    r = _style(root)
+    assert r.returncode == 1 and "big.py: 601 lines (at most 600); split its notebook" in r.stdout, r.stdout
