@@ -13,8 +13,8 @@ from .verbalized import VSConfig
 from .models import PACKAGED_MODELS, ModelNotFound, cache_dir, generate_chat, load_causal_lm, model_files
 
 # %% auto #0
-__all__ = ['DEMO_SYSTEM', 'VS_ARGS', 'SPEAKER_ARGS', 'devices', 'info_lines', 'demo_conversation', 'os_error_message',
-           'raised_by_scope', 'main']
+__all__ = ['DEMO_SYSTEM', 'VS_ARGS', 'SPEAKER_ARGS', 'BACKEND_FLAGS', 'devices', 'info_lines', 'demo_conversation',
+           'backend_overrides', 'os_error_message', 'raised_by_scope', 'main']
 
 # %% ../nbs/90_cli.ipynb #5d70f661
 def _ver(dist: str) -> str:
@@ -118,18 +118,32 @@ def _settings_args(p, flags: dict, title: str):
         g.add_argument(f"--{flag}", default=None, metavar="VALUE", help=f"sets {field}")
 
 
-def _gpu_pins(agent: str, user: str) -> dict[str, list[int]]:
-    "`--trainer-gpus 0,1 --user-trainer-gpus 2,3` -> {'agent': [0, 1], 'user': [2, 3]} (empty flags are left out)."
+# scope train's flag -> its [backend] key (36_config); a flag given overrides the config file's table
+BACKEND_FLAGS = {"backend": "name", "workers": "workers", "ray_address": "address", "trainer": "trainer",
+                 "trainer_world": "trainer_world", "gpus_per_rank": "gpus_per_rank", "engine_urls": "engine_urls",
+                 "user_engine_urls": "user_engine_urls", "trainer_gpus": "trainer_gpus",
+                 "user_trainer_gpus": "user_trainer_gpus", "colocate": "colocate"}
+
+
+def backend_overrides(args) -> list[str]:
+    """The `--set backend.<key>=...` overrides that `scope train`'s backend flags stand for (lists split at commas),
+    so that the run's config.toml records them and `--resume` needs none of them again."""
     from scope_nb.config import ConfigError
 
-    out = {}
-    for role, flag, v in (("agent", "--trainer-gpus", agent), ("user", "--user-trainer-gpus", user)):
-        if not v:
+    out = []
+    for dest, key in BACKEND_FLAGS.items():
+        v = getattr(args, dest, None)
+        if v is None or v is False:
             continue
-        try:
-            out[role] = [int(x) for x in v.split(",")]
-        except ValueError:
-            raise ConfigError(f"{flag} {v!r}: give comma-separated GPU ids, e.g. 0,1,2,3") from None
+        if key.endswith("_gpus"):
+            try:
+                v = [int(x) for x in v.split(",") if x]
+            except ValueError:
+                flag = "--" + dest.replace("_", "-")
+                raise ConfigError(f"{flag} {v!r}: give comma-separated GPU ids, e.g. 0,1,2,3") from None
+        elif key.endswith("_urls"):
+            v = [u for u in v.split(",") if u]
+        out.append(f"backend.{key}={json.dumps(v)}")
     return out
 
 
@@ -172,46 +186,19 @@ def _parser() -> argparse.ArgumentParser:
         "--resume", action="store_true", help="continue the run in run.out_dir/run.name from its latest checkpoint"
     )
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
-    t.add_argument(
-        "--backend",
-        default="local",
-        choices=["local", "ray"],
-        help="ray: rollouts on Ray worker actors, updates in a trainer actor",
-    )
-    t.add_argument("--workers", type=int, default=2, help="rollout workers for --backend ray")
-    t.add_argument("--ray-address", default=None, help="an existing Ray cluster (default: start a local one)")
-    t.add_argument(
-        "--trainer",
-        default="torch",
-        choices=["torch", "fsdp", "megatron"],
-        help="--backend ray: how each trained policy is updated",
-    )
-    t.add_argument(
-        "--trainer-world",
-        type=int,
-        default=1,
-        help="--backend ray: ranks per trainer group (fsdp/megatron split the policy over them)",
-    )
-    t.add_argument(
-        "--gpus-per-rank", type=float, default=0.0, help="--backend ray: GPUs each trainer rank reserves (0 on CPUs)"
-    )
-    t.add_argument(
-        "--engine-urls", default="", help="--backend ray: comma-separated SGLang engines for the agent, one per worker"
-    )
-    t.add_argument(
-        "--user-engine-urls", default="", help="--backend ray: SGLang engines for a trained simulator, one per worker"
-    )
-    t.add_argument(
-        "--trainer-gpus", default="", help="--backend ray: comma-separated GPU ids of the agent's trainer ranks"
-    )
-    t.add_argument(
-        "--user-trainer-gpus", default="", help="--backend ray: GPU ids of a trained simulator's trainer ranks"
-    )
-    t.add_argument(
-        "--colocate",
-        action="store_true",
-        help="--backend ray: engines share their trainer group's GPUs (release memory while it trains)",
-    )
+    b = t.add_argument_group("backend", "the [backend] table (36_config) as flags; given ones are recorded in the "
+                             "run's config.toml, so --resume needs none of them again")
+    b.add_argument("--backend", choices=["local", "ray"], help="ray: rollouts on Ray workers, updates in trainers")
+    b.add_argument("--workers", type=int, help="rollout workers (default 2)")
+    b.add_argument("--ray-address", help="an existing Ray cluster (default: start a local one)")
+    b.add_argument("--trainer", choices=["torch", "fsdp", "megatron"], help="how each trained policy is updated")
+    b.add_argument("--trainer-world", type=int, help="ranks per trainer group (fsdp/megatron split the policy)")
+    b.add_argument("--gpus-per-rank", type=float, help="GPUs each trainer rank reserves (0 on CPUs)")
+    b.add_argument("--engine-urls", help="comma-separated SGLang engines for the agent, one per worker")
+    b.add_argument("--user-engine-urls", help="SGLang engines for a trained simulator, one per worker")
+    b.add_argument("--trainer-gpus", help="comma-separated GPU ids of the agent's trainer ranks")
+    b.add_argument("--user-trainer-gpus", help="GPU ids of a trained simulator's trainer ranks")
+    b.add_argument("--colocate", action="store_true", help="engines share their trainer group's GPUs")
     v = sub.add_parser(
         "simulate-vs", help="N dialogues of a frozen agent against a Verbalized Sampling simulator; JSONL + summary"
     )
@@ -415,27 +402,16 @@ def main(argv: list[str] | None = None) -> int:
             from scope_nb.config import load_config
             from scope_nb.run import train
 
-            cfg = load_config(args.config, args.overrides)
+            overrides = args.overrides + backend_overrides(args)
+            cfg = load_config(args.config, overrides)
             where = cfg.run_dir
             if args.resume and (cfg.run_dir / "config.toml").exists():  # resume with the run's own resolved config
-                cfg = load_config(cfg.run_dir / "config.toml", args.overrides)
+                cfg = load_config(cfg.run_dir / "config.toml", overrides)
             backend = None
-            if args.backend == "ray":
+            if cfg.backend.name == "ray":
                 from scope_nb.ray_backend import RayBackend
 
-                urls = lambda v: [u for u in v.split(",") if u]
-                backend = RayBackend(
-                    cfg,
-                    args.workers,
-                    args.ray_address,
-                    engine_urls=urls(args.engine_urls),
-                    trainer=args.trainer,
-                    trainer_world=args.trainer_world,
-                    gpus_per_rank=args.gpus_per_rank,
-                    user_engine_urls=urls(args.user_engine_urls),
-                    colocate=args.colocate,
-                    trainer_gpus=_gpu_pins(args.trainer_gpus, args.user_trainer_gpus),
-                )
+                backend = RayBackend.from_config(cfg)
             try:
                 run_dir = train(cfg, resume=args.resume, progress=not args.no_progress, backend=backend)
             finally:

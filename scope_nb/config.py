@@ -16,8 +16,9 @@ from .specs import AgentSettings, UserSettings, check_spec, kind_of, mode_chain
 
 # %% auto #0
 __all__ = ['RENAMED', 'WandbSection', 'RunSection', 'EnvSection', 'GrpoSection', 'PanelEntry', 'CollapseSection',
-           'VarianceSplitSection', 'EvalSection', 'CheckpointSection', 'Config', 'upgrade_keys', 'from_dict', 'to_dict',
-           'validate', 'read_config_file', 'apply_overrides', 'to_toml', 'load_config', 'config_docs']
+           'VarianceSplitSection', 'EvalSection', 'CheckpointSection', 'BackendSection', 'Config', 'upgrade_keys',
+           'from_dict', 'to_dict', 'validate', 'read_config_file', 'apply_overrides', 'to_toml', 'load_config',
+           'config_docs']
 
 # %% ../nbs/36_config.ipynb #500a4847
 class WandbSection(Settings):
@@ -170,6 +171,27 @@ class CheckpointSection(Settings):
                       description="also keep the checkpoint whose step scored highest on this eval metric (its step "
                                   "in checkpoints/best.json), for serving or evaluating the best policy; '' = off")
 
+# %% ../nbs/36_config.ipynb #bk000001
+class BackendSection(Settings):
+    """The `[backend]` table: where rollouts and updates run. It is part of the run's `config.toml`, so `scope train
+    --resume` on a run folder alone restarts a Ray run as it was started; `scope train --backend ray --workers 4 ...`
+    sets these keys (90_cli)."""
+
+    name: Literal["local", "ray"] = Field(
+        "local", description="local: everything in this process; ray: rollouts on Ray worker actors, updates in "
+        "trainer groups (64_ray)"
+    )
+    workers: int = Field(2, ge=1, le=4096, description="ray: rollout workers")
+    address: str = Field("", description="ray: an existing cluster's address ('' = start a local one)")
+    trainer: Literal["torch", "fsdp", "megatron"] = Field("torch", description="ray: how each trained policy updates")
+    trainer_world: int = Field(1, ge=1, le=4096, description="ray: ranks per trainer group (fsdp/megatron shard)")
+    gpus_per_rank: float = Field(0.0, ge=0, le=64, description="ray: GPUs each trainer rank reserves (0 on CPUs)")
+    engine_urls: list[str] = Field(default_factory=list, description="ray: the agent's SGLang engines, one per worker")
+    user_engine_urls: list[str] = Field(default_factory=list, description="ray: SGLang engines of a trained simulator")
+    colocate: bool = Field(False, description="ray: trainer ranks share GPUs with engines (AdamW state offloaded)")
+    trainer_gpus: list[int] = Field(default_factory=list, description="ray: GPU ids of the agent's trainer ranks")
+    user_trainer_gpus: list[int] = Field(default_factory=list, description="ray: GPU ids of the simulator's ranks")
+
 # %% ../nbs/36_config.ipynb #691fd173
 def _check_spec(spec: str, key: str, env, role: str):
     try: check_spec(spec, key, env, role)
@@ -236,6 +258,7 @@ class Config(Settings):
     grpo: GrpoSection = Field(default_factory=GrpoSection, description="the update and the batch shape")
     eval: EvalSection = Field(default_factory=EvalSection, description="evaluation schedule and simulator panel")
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection, description="checkpoint schedule")
+    backend: BackendSection = Field(default_factory=BackendSection, description="where rollouts and updates run")
 
     @model_validator(mode="after")
     def _across_tables(self):
@@ -265,7 +288,24 @@ class Config(Settings):
         _check_roles(self, env)
         _check_user(self, env)
         _check_panel(self.eval.panel, env)
+        for role in ("agent", "user"):
+            self.role_grpo(role)  # a role's [<role>.grpo] overrides, checked against the update's settings
         return self
+
+    def role_grpo(self, role: str) -> GrpoSection:
+        """`[grpo]` with `[<role>.grpo]` applied: the update of that role's trainer (a co-trained simulator may have
+        its own learning rate or KL). Without overrides, `[grpo]` itself."""
+        ov = getattr(self, role).grpo
+        if not ov:
+            return self.grpo
+        for k in ov:
+            if k in ("batch_tasks", "group_size"):
+                raise ConfigError(f"{role}.grpo.{k}: the batch shape is shared by both roles; set grpo.{k}")
+            if k not in GrpoSection.model_fields:
+                raise ConfigError(f"{role}.grpo.{k}: unknown key (allowed: {', '.join(GRPOConfig.model_fields)})")
+        if role == "user" and self.user.model == "same":
+            raise ConfigError("user.grpo: self-play (user.model = 'same') trains one policy; set [grpo] instead")
+        return parse_settings(GrpoSection, {**self.grpo.model_dump(), **ov}, f"{role}.grpo", ConfigError)
 
     @property
     def run_dir(self) -> Path:
@@ -454,6 +494,8 @@ def _type_text(tp) -> str:
 def _default_text(info) -> str:
     if info.is_required(): return "(required)"
     v = info.get_default(call_default_factory=True)
+    if isinstance(v, dict):  # a table of overrides ([agent.grpo]): empty by default
+        return "{" + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + "}"
     return _toml_value(list(v) if isinstance(v, tuple) else v)
 
 def config_docs(model: type = None, path: str = "") -> str:

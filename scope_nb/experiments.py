@@ -88,7 +88,7 @@ LAB_BASE = {
     "checkpoint": dict(every=40, keep=1),
 }
 
-_COTRAIN = dict(model="lab-user:frugal", train=True, reward="curriculum")
+_COTRAIN = dict(model="lab-user:frugal", mode="cotrain", train=True, reward="curriculum")
 LAB_METHODS = [
     Arm("base", "Base", {"run": dict(steps=0)}),
     Arm("rl-single", "RL (Single)"),
@@ -196,7 +196,8 @@ SHOP_METHODS = [
     # a SmolLM2 customer trained from the same fixed-order prompt with the curriculum reward (the paper's choice for
     # tau2, Appendix F.1; its adversarial reward is what the paper reports failing)
     Arm(
-        "co-training", "Co-Training", {"user": dict(model="smollm2", train=True, reward="curriculum", temperature=0.7)}
+        "co-training", "Co-Training", {"user": dict(model="smollm2", mode="cotrain", train=True, reward="curriculum",
+                                                temperature=0.7)}
     ),
     # the control: the same customer (model, persona, temperature) with the concern order shuffled, i.e. uncollapsed
     Arm("rl-uncollapsed", "RL (uncollapsed customer)", {"user": dict(model="shop:fashion-cold")}),
@@ -217,7 +218,8 @@ CPU_LLM_METHODS = [
         {"user": dict(mode="rotation", rotation=dict(models=["llama:smollm2", "llama:gemma3-270m"]))},
     ),
     Arm("vs", "RL + VS", {"user": dict(mode="vs", vs=dict(n=3))}),
-    Arm("co-training", "Co-Training", {"user": dict(model="smollm2", train=True, reward="adversarial")}),
+    Arm("co-training", "Co-Training",
+        {"user": dict(model="smollm2", mode="cotrain", train=True, reward="adversarial")}),
 ]
 
 ROUTER = dict(api=dict(base_url="https://openrouter.ai/api/v1", key_env="OPENROUTER_API_KEY"))
@@ -273,7 +275,7 @@ def gpu_methods(env: str) -> list[Arm]:
         Arm(
             "co-training",
             "Co-Training",
-            {"user": dict(model="Qwen/Qwen3-4B-Instruct-2507", train=True, reward=sim_reward)},
+            {"user": dict(model="Qwen/Qwen3-4B-Instruct-2507", mode="cotrain", train=True, reward=sim_reward)},
             rel(1e-6, 500, 0.005),
         ),
         Arm(

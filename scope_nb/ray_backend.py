@@ -457,6 +457,15 @@ class RayBackend:
                 seconds[k] = max(seconds.get(k, 0.0), v)  # workers run side by side
         return RolloutResult([e for p in parts for e in p.episodes], seconds)
 
+    @classmethod
+    def from_config(cls, cfg: Config) -> "RayBackend":
+        "The backend the run's `[backend]` table describes (what `scope train` starts, fresh or resumed)."
+        b = cfg.backend
+        pins = {r: g for r, g in (("agent", b.trainer_gpus), ("user", b.user_trainer_gpus)) if g}
+        return cls(cfg, b.workers, b.address or None, engine_urls=b.engine_urls, trainer=b.trainer,
+                   trainer_world=b.trainer_world, gpus_per_rank=b.gpus_per_rank, user_engine_urls=b.user_engine_urls,
+                   colocate=b.colocate, trainer_gpus=pins)
+
     def close(self):
         import ray
         from ray.util.placement_group import remove_placement_group

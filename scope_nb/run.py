@@ -196,7 +196,7 @@ def _build(cfg: Config, servers: Servers, backend) -> Run:
         sp = trained_user(user) if r == "user" else agent  # a mode may train one of its speakers (pool: the current)
         if sp.name not in trainers:
             make = backend.trainer if backend is not None else GRPOTrainer
-            trainers[sp.name] = make(sp, cfg.grpo, temperature=getattr(cfg, r).temperature)
+            trainers[sp.name] = make(sp, cfg.role_grpo(r), temperature=getattr(cfg, r).temperature)
         plays.setdefault(sp.name, []).append(r)
     panel = build_panel(cfg, env, agent, user, servers)
     return Run(cfg, env, agent, user, roles, trainers, plays, panel, cfg.run_dir, backend=backend)

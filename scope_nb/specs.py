@@ -101,6 +101,10 @@ class SpeakerSettings(Settings):
         description="weights of a local model (packaged, path or hub id): float32 on a CPU, bfloat16 on a GPU "
         "(the trainers compute in it; logprobs are taken in float32)",
     )
+    grpo: dict[str, Any] = Field(
+        default_factory=dict, description="this role's overrides of [grpo] (lr, kl_coef, clip_eps, ...): a "
+        "co-trained simulator's own update (36_config, Config.role_grpo)"
+    )
     lora: LoraSettings = Field(
         default_factory=LoraSettings,
         description="trained local policies: LoRA adapters instead of every weight (rank 0: every weight; 32_grpo)",
@@ -526,6 +530,14 @@ def _check_pool(sec):
         )
 
 
+def _check_cotrain(sec):
+    if not (sec.train and kind_of(sec.model).trainable(sec.model)):
+        raise ValueError(
+            "user.mode = 'cotrain' is Co-Training (paper §4): the simulator trains too; set user.train = true with a "
+            "local model (lab-user:<family>, smollm2, a path)"
+        )
+
+
 def _pool_after_step(sp: PoolSpeaker, run, step: int, row: dict):
     "Every `user.pool.every` steps the trained simulator's weights join the pool (the oldest beyond K leave)."
     if step > 0 and step % run.cfg.user.pool.every == 0:
@@ -535,7 +547,8 @@ def _pool_after_step(sp: PoolSpeaker, run, step: int, row: dict):
 
 
 for _m in (
-    UserMode("frozen", lambda base, *ctx: base, label="RL (Single)"),  # Co-Training when user.train (40_report)
+    UserMode("frozen", lambda base, *ctx: base, label="RL (Single)"),  # with user.train: Co-Training (older configs)
+    UserMode("cotrain", lambda base, *ctx: base, _check_cotrain, label="Co-Training"),
     UserMode("vs", _vs, _check_vs, label="RL + VS", settings=VSConfig, wraps=True),
     UserMode("rotation", _rotation, _check_rotation, builds_base=False, label="RL + Ensemble",
              settings=RotationSettings, specs=_rotation_specs),

@@ -31,7 +31,9 @@ rb.RemoteTrainer.sync = lambda self: (fetches.append(self.stale), _sync(self))[1
 def run(resume=False):
     "`scope train --backend ray` through the CLI's own entry point (in this process, so the counters above see it)."
     argv = ["train", str(out / "cfg.toml"), "--backend", "ray", "--workers", "2", "--colocate", "--no-progress",
-            "--engine-urls", ",".join(f.url for f in fakes)] + (["--resume"] if resume else [])
+            "--engine-urls", ",".join(f.url for f in fakes)]
+    if resume:   # from the run folder alone: its config.toml recorded the [backend] the flags gave
+        argv = ["train", str(cfg.run_dir / "config.toml"), "--resume", "--no-progress"]
     assert main(argv) == 0, argv
 run()
 from transformers import AutoModelForCausalLM

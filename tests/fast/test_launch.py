@@ -69,7 +69,8 @@ def test_sglang_layout_files_match_the_plans():
 
 def test_every_plans_train_command_is_accepted_by_scope():
     "The trainer command each plan would start parses with the real `scope` parser into the Ray backend it describes."
-    from scope_nb.cli import _gpu_pins, _parser
+    from scope_nb.cli import _parser, backend_overrides
+    from scope_nb.config import BackendSection, apply_overrides
     from scope_nb.launch import plan_launch
     from scope_nb.experiments import EXPERIMENTS
     seen = 0
@@ -80,11 +81,12 @@ def test_every_plans_train_command_is_accepted_by_scope():
                 plan = plan_launch(e.name, a.name, trainer=trainer)
                 cmd = plan.processes[-1]
                 assert cmd[:2] == ["scope", "train"]
-                args = _parser().parse_args(cmd[1:])
+                args = _parser().parse_args(cmd[1:])   # the flags become the run's [backend] table
+                b = BackendSection.model_validate(apply_overrides({}, backend_overrides(args))["backend"])
                 per = len(plan.groups[0].gpus)
-                assert (args.backend, args.trainer, args.trainer_world, args.workers, args.gpus_per_rank, args.colocate) == ("ray", trainer, per, per, 1.0, True)
-                assert args.engine_urls.split(",") == [f"http://127.0.0.1:{q}" for q in plan.groups[0].engine_ports]
-                assert bool(args.user_engine_urls) == (len(plan.groups) == 2)
+                assert (b.name, b.trainer, b.trainer_world, b.workers, b.gpus_per_rank, b.colocate) == ("ray", trainer, per, per, 1.0, True)
+                assert b.engine_urls == [f"http://127.0.0.1:{q}" for q in plan.groups[0].engine_ports]
+                assert bool(b.user_engine_urls) == (len(plan.groups) == 2)
                 # each group's trainer ranks sit on its engines' GPUs, rank i beside engine i (issue: Ray's own pick
                 # could put agent ranks beside simulator engines that never release memory while the agent trains)
                 engine_gpus = {}
@@ -92,13 +94,12 @@ def test_every_plans_train_command_is_accepted_by_scope():
                     if "sglang.launch_server" in p:
                         port = int(p[p.index("--port") + 1])
                         engine_gpus[f"http://127.0.0.1:{port}"] = int(p[0].split("=")[1])
-                pins = _gpu_pins(args.trainer_gpus, args.user_trainer_gpus)
-                assert pins["agent"] == [engine_gpus[u] for u in args.engine_urls.split(",")]
+                assert b.trainer_gpus == [engine_gpus[u] for u in b.engine_urls]
                 if len(plan.groups) == 2:
-                    assert pins["user"] == [engine_gpus[u] for u in args.user_engine_urls.split(",")]
-                    assert not set(pins["agent"]) & set(pins["user"])
+                    assert b.user_trainer_gpus == [engine_gpus[u] for u in b.user_engine_urls]
+                    assert not set(b.trainer_gpus) & set(b.user_trainer_gpus)
                 else:
-                    assert "user" not in pins
+                    assert b.user_trainer_gpus == []
                 seen += 1
     assert seen >= 40
 
