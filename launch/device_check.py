@@ -67,7 +67,7 @@ def versions():
 
 def _items(cfg, model, a, g):
     "(trajectory, advantage) pairs from prompts sampled on `model`."
-    from scope_nb.core import RoleTrajectory
+    from scope_nb.episodes import RoleTrajectory
     from scope_nb.training import sample_batch
     prompts = [torch.randint(1, cfg.vocab_size, (a.prompt,), generator=g).tolist() for _ in range(a.batch)]
     t0 = time.perf_counter()

