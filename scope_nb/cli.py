@@ -72,7 +72,7 @@ def backend_overrides(args) -> list[str]:
         out.append(f"backend.{key}={json.dumps(v)}")
     return out
 
-
+# %% ../nbs/90_cli.ipynb #f7df6eb9
 def _settings(args, flags: dict, model, prefix: str, **defaults):
     "The settings table `model` from the flags given (the rest keep `defaults`, then the table's); errors name the key."
     from scope_nb.config import apply_overrides, ConfigError
@@ -80,7 +80,6 @@ def _settings(args, flags: dict, model, prefix: str, **defaults):
     given = {field: getattr(args, flag.replace("-", "_")) for flag, field in flags.items()}
     d = apply_overrides(defaults, [f"{field}={v}" for field, v in given.items() if v is not None])
     return parse_settings(model, d, prefix, ConfigError)
-
 
 # %% ../nbs/90_cli.ipynb #cl000002
 def _info_args(sub):

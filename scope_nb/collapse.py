@@ -210,7 +210,7 @@ def _mean_ci(
     reps = np.random.default_rng(seed).choice(x, (B, len(x))).mean(1)
     return tuple(float(v) for v in np.quantile(reps, [(1 - level) / 2, (1 + level) / 2]))
 
-
+# %% ../nbs/24_collapse.ipynb #62d88381
 def collapse_meter(
     sim: Speaker,
     histories,

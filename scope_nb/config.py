@@ -76,7 +76,7 @@ class RunSection(Settings):
             raise ValueError("a run name is one folder name: no '/', '\\', NUL, '.' or '..'")
         return v
 
-
+# %% ../nbs/36_config.ipynb #a1008c3f
 class EnvSection(Settings):
     "The `[env]` table."
 
@@ -134,7 +134,7 @@ class CollapseSection(Settings):
         "exact", description="how replies are grouped into outcomes (24_collapse)"
     )
 
-
+# %% ../nbs/36_config.ipynb #865f4332
 class VarianceSplitSection(Settings):
     "The `[eval.variance_split]` table: Eq. 6's split of the agent's reward variance during training."
 
@@ -247,7 +247,7 @@ def _check_panel(panel: list[PanelEntry], env):
         if p.cell in names:
             raise ConfigError(f"eval.panel[{i}].cell = {p.cell!r}: a cell may not share a simulator's name")
 
-
+# %% ../nbs/36_config.ipynb #c4f64ce7
 class Config(Settings):
     "A training run: every table, each field typed, ranged and documented; checks across tables run on construction."
 
@@ -369,7 +369,7 @@ def upgrade_keys(d: dict, notice=None) -> dict:
 def _notice(old: str, new: str):
     print(f"config: {old} is now {new} (the old key still works; please rename it)", file=sys.stderr)
 
-
+# %% ../nbs/36_config.ipynb #a0b4babe
 def from_dict(cls, d: dict, prefix: str = ""):
     """Build settings `cls` (e.g. `Config`) from a nested dict; every problem is one ConfigError line that starts with
     the key."""
@@ -446,7 +446,7 @@ def _toml_value(v) -> str:
 def _rows(v) -> bool:
     return isinstance(v, list) and bool(v) and all(isinstance(x, dict) for x in v)
 
-
+# %% ../nbs/36_config.ipynb #f7673401
 def _toml_table(path: str, body: dict) -> list[str]:
     out = (
         [f"[{path}]"]

@@ -147,7 +147,7 @@ def fixture_root() -> Path:
 
     return Path(str(importlib.resources.files("scope_nb") / "data" / "cooperbench"))
 
-
+# %% ../nbs/13_cooperbench.ipynb #1c7cd7ad
 def list_tasks(root, setting: str = "coop") -> list[Task]:
     "Tasks of a CooperBench-layout dataset for a setting; split from subsets/test.json if present, else a stable hash."
     root = Path(root)
@@ -192,7 +192,7 @@ def _prompt(feature_md: str, setting: str, teammate_feature: str | None = None) 
         )
     return p
 
-
+# %% ../nbs/13_cooperbench.ipynb #bcb4a8bb
 class CooperBenchEnv(Env):
     "CooperBench on a local sandbox: baseline / solo / coop; merged patches are tested; shared success reward."
 

@@ -115,7 +115,7 @@ def settings_errors(err: PydanticValidationError, model: type, prefix: str = "")
         out.append(f"{key}{shown}: {msg[:1].lower() + msg[1:]}{what}")
     return out
 
-
+# %% ../nbs/01_core.ipynb #5843fa6a
 class ConfigError(ValueError):
     "A configuration problem (run or study config); the message names the key and how to fix it."
 
@@ -413,7 +413,7 @@ class ScriptedSpeaker(Speaker):
     def respond(self, requests, temperature=None):
         return [Reply(self.fn(r.messages)) for r in requests]
 
-
+# %% ../nbs/01_core.ipynb #3fe09f47
 def echo_user(messages: list[dict]) -> str:
     "The EchoEnv user: says the k-th colour from its system prompt ('say red blue ...') on its k-th turn."
     colours = messages[0]["content"].split()[1:]

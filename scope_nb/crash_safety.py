@@ -61,7 +61,7 @@ def read_metrics(path: Path) -> list[dict]:
         rows.append(row)
     return rows
 
-
+# %% ../nbs/29_crash_safety.ipynb #42129aaa
 def summarize(rows: list[dict], keys=("eval/mean", "eval/seen", "eval/unseen")) -> dict:
     "Best (value, step), final and area under the curve (trapezoid, per step) of each eval key."
     out = {}
@@ -132,7 +132,7 @@ def checkpoint_problem(folder: Path) -> str | None:
             return f"{rel} does not match the hash written when it was saved"
     return None
 
-
+# %% ../nbs/29_crash_safety.ipynb #d059f72f
 def latest_checkpoint(run_dir: Path, skipped: list | None = None) -> tuple[int, Path] | None:
     """(step, folder) of the newest checkpoint whose files all verify, or None; the ones passed over (torn or changed
     files) are appended to `skipped` as (folder, why). `latest.json` is only a pointer: the folders decide."""

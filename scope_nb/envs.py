@@ -36,6 +36,7 @@ class EnvState:
     @property
     def done(self) -> bool: return self.next is None
 
+# %% ../nbs/10_envs.ipynb #476c19cd
 class Env:
     "Base environment: subclasses implement `tasks`, `reset`, `_apply` and `reward`."
     name: str = "env"

@@ -15,6 +15,7 @@ __all__ = ['STATUSES', 'LOGPROB_TOL', 'RoleTrajectory', 'Episode', 'Group', 'gro
 STATUSES = ("completed", "max_turns", "truncated", "failed")
 LOGPROB_TOL = 1e-4  # sampled logprobs are <= 0; allow float round-off
 
+# %% ../nbs/04_episodes.ipynb #cde1acb5
 @dataclass
 class RoleTrajectory:
     "One trainable role's token stream: ids, loss mask (1 = own generated token), sampling logprobs, reward, status."

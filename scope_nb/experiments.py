@@ -88,6 +88,7 @@ LAB_BASE = {
     "checkpoint": dict(every=40, keep=1),
 }
 
+# %% ../nbs/41_experiments.ipynb #b984c484
 _COTRAIN = dict(model="lab-user:frugal", mode="cotrain", train=True, reward="curriculum")
 LAB_METHODS = [
     Arm("base", "Base", {"run": dict(steps=0)}),
@@ -169,7 +170,7 @@ def shop_panel() -> list[dict]:
     (unseen)."""
     return [dict(name=f, model=f"shop:{f}", seen=f in SHOP_SEEN) for f in SHOP_SEEN + SHOP_UNSEEN]
 
-
+# %% ../nbs/41_experiments.ipynb #d757196e
 SHOP_TOP = [f"model.layers.{i}." for i in range(20, 30)] + ["model.norm"]  # SmolLM2-135M's top 10 of 30 blocks
 SHOP_BASE = {
     "run": dict(steps=20),
@@ -222,6 +223,7 @@ CPU_LLM_METHODS = [
         {"user": dict(model="smollm2", mode="cotrain", train=True, reward="adversarial")}),
 ]
 
+# %% ../nbs/41_experiments.ipynb #7e06ee8b
 ROUTER = dict(api=dict(base_url="https://openrouter.ai/api/v1", key_env="OPENROUTER_API_KEY"))
 PAPER_PANEL = [
     dict(name=n, model=f"api:{m}", seen=True, temperature=0.7)
@@ -256,7 +258,7 @@ def gpu_base(env: str, agent: str = "Qwen/Qwen3-4B-Instruct-2507") -> dict:
         "checkpoint": dict(every=16, keep=3),
     }
 
-
+# %% ../nbs/41_experiments.ipynb #b5960614
 def gpu_methods(env: str) -> list[Arm]:
     "Table 1's methods at the paper's settings, with the reference release's launcher values as `release`."
     sim_reward = "adversarial" if env == "p4g" else "curriculum"
@@ -335,6 +337,7 @@ COOP_ARMS = [
     Arm("self-play", "Self-play", {"user": dict(model="same", train=True)}),
 ]
 
+# %% ../nbs/41_experiments.ipynb #4e1621b2
 EXPERIMENTS: dict[str, Experiment] = {
     e.name: e
     for e in [
@@ -570,7 +573,7 @@ def experiment_dicts(
             dicts.append(dict(d, run=r))
     return dicts
 
-
+# %% ../nbs/41_experiments.ipynb #0d16a464
 def experiment_configs(
     name: str, scale: str, seeds=(0,), out: str = "runs/experiments", arms=None, steps=None, overrides=None
 ) -> list[Config]:

@@ -64,7 +64,7 @@ def read_jsonl(path: str | os.PathLike) -> list[Episode]:
                 raise ValidationError(f"{where}: {e.field}", e.problem) from None
     return out
 
-
+# %% ../nbs/06_files.ipynb #5c33230e
 def save_figure(fig, out: str | os.PathLike, name: str, note: str = "") -> list[Path]:
     """Write `fig` as out/name.png (130 dpi) and out/name.svg, each atomically, and close it; `note` is printed under
     the figure (what kind of evidence it is)."""

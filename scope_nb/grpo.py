@@ -109,7 +109,7 @@ class GRPOConfig(Settings):
             raise ValueError("Adam's betas lie in [0, 1)")
         return v
 
-
+# %% ../nbs/32_grpo.ipynb #30cdbce1
 def freeze_except(model, prefixes) -> int:
     """Train only parameters whose names start with one of `prefixes` (grpo.train_only); returns how many tensors stay
     trainable."""
@@ -148,7 +148,7 @@ def enable_checkpointing(model, on: bool = True) -> None:
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
-
+# %% ../nbs/32_grpo.ipynb #65b3685d
 class GRPOTrainer:
     "GRPO for one local policy: AdamW, frozen reference for the k3 KL, micro-batched token-level loss."
 

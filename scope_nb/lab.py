@@ -68,7 +68,7 @@ def outcome_of(conv: Conversation) -> str:
         return "running"
     return "ask-hit" if ADDRESSES.get(said[2][1]) == concern else "ask-miss"
 
-
+# %% ../nbs/33_lab.ipynb #0c6097d4
 class LabEnv(Env):
     "The collapse lab game: pitch directly (exploit) or ask, then pitch (adaptive, reward 1 − gap)."
 
@@ -134,7 +134,7 @@ def parse_lab_spec(spec: str, prefix: str = "lab") -> tuple[str, float, float]:
         raise ValueError(f"{spec!r}: the VS recovery ρ must lie in [0, 1]")
     return fam, g, rho
 
-
+# %% ../nbs/33_lab.ipynb #354afc18
 class LabSimulator(CategoricalSimulator):
     "A frozen lab user of one family at sharpening γ: replies with a concern drawn from p_family^(γ/T)."
 
@@ -278,7 +278,7 @@ def lab_agent(
     pol.clone_loss = _clone(pol, ex, steps, lr, seed)
     return pol
 
-
+# %% ../nbs/33_lab.ipynb #547b20f1
 def lab_user(
     family: str,
     seed: int = 0,
@@ -405,7 +405,7 @@ def strategy_shares(run_dir) -> tuple[list[int], dict[str, list[float]]]:
 
 LAB_NOTE = "The lab (33_lab): a model in which the mechanism is assumed, not evidence about LLM simulators."
 
-
+# %% ../nbs/33_lab.ipynb #8cc14904
 def _method_panels(groups, draw, ylabel: str, title: str, out, name: str) -> list:
     """One panel per method (up to 5 per row, shared y axis, methods without training steps left out): `draw(ax, runs)`
     fills a panel; the figure is saved as out/name.png and .svg."""
@@ -455,7 +455,7 @@ def _rolling(v, w: int = 5) -> np.ndarray:
         ]
     )
 
-
+# %% ../nbs/33_lab.ipynb #d3cba9c1
 def fig_lab_payoffs(groups, out, gap: float = MODE_EXPLOIT_GAP) -> list:
     """One panel per method: realised payoff of the exploit and of asking over training (5-step window), one line per
     seed."""

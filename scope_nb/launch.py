@@ -160,6 +160,7 @@ def _trainables(cfg: dict) -> list[tuple[str, str]]:
     if u.get("train") and u.get("model") != "same": out.append(("user", u["model"]))
     return out
 
+# %% ../nbs/65_launch.ipynb #bf42aa40
 def plan_launch(experiment: str, arm: str, seed: int = 0, settings: str = "paper", out: str = "runs/gpu",
                 gpus: int = GPUS_PER_NODE, base_port: int = 30000, trainer: str = "fsdp") -> LaunchPlan:
     "Plan the gpu-scale run of one arm: trainer groups split the node's GPUs evenly, each with its own SGLang engines."
@@ -421,7 +422,7 @@ def _alive(pid: int) -> bool:
     except ChildProcessError:
         return False
 
-
+# %% ../nbs/65_launch.ipynb #f64e31a6
 def run_plan(plan: LaunchPlan, ready_timeout: float = 900.0, echo=print) -> int:
     """Start the plan's processes (recorded), wait for the engines, run the trainer in the foreground, stop what was
     started."""
@@ -463,7 +464,7 @@ def run_plan(plan: LaunchPlan, ready_timeout: float = 900.0, echo=print) -> int:
         for line in stop_recorded(run_dir):
             echo(f"scope launch: {line}")
 
-
+# %% ../nbs/65_launch.ipynb #b6621386
 def launch(
     experiment: str,
     arm: str,

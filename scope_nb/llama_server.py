@@ -57,7 +57,7 @@ def _run(cmd: list[str], log: Path, what: str):
         tail = log.read_text(errors="replace")[-3000:]
         raise RuntimeError(f"building llama-server: {what} failed (exit code {rc}); log {log}:\n{tail}")
 
-
+# %% ../nbs/21_llama_server.ipynb #8c68c2e0
 def build_llama_server(
     dest: str | os.PathLike | None = None,
     version: str = LLAMA_CPP_PYTHON,
@@ -123,7 +123,7 @@ def llama_server_available() -> bool:
 _NO_SERVER = ("no llama-server executable: build it with `scope llama-server build` (several minutes; `make venv` "
               "does it), or point SCOPE_LLAMA_SERVER at one")
 
-
+# %% ../nbs/21_llama_server.ipynb #9896ebc7
 class LlamaServer:
     """llama.cpp's `llama-server` for a packaged model or GGUF path on a free loopback port: `parallel` slots decoded
     together (continuous batching), each keeping its own prompt cache, in one KV cache of `n_ctx` tokens per slot;

@@ -102,7 +102,7 @@ def hf_to_megatron(sd: dict, hf_config) -> dict:
         out[m + "mlp.linear_fc2.weight"] = sd[h + "mlp.down_proj.weight"]
     return out
 
-
+# %% ../nbs/61_megatron.ipynb #14925fd9
 def megatron_to_hf(md: dict, hf_config) -> dict:
     "The inverse of `hf_to_megatron`."
     c = hf_config

@@ -107,7 +107,7 @@ def _device_lookup(dev: torch.device):
     finally:
         torch.cuda.current_device = saved
 
-
+# %% ../nbs/62_megatron_train.ipynb #f7f4ca9c
 def build_gpt(hf_config, tp: int, device="cpu", dtype=torch.float32, recompute: bool = False):
     """A megatron-core GPTModel (local layer spec, no dropout) for `hf_config` under tensor parallelism `tp`;
     `recompute` recomputes every layer's activations in the backward pass (grpo's gradient_checkpointing).

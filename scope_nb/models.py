@@ -190,7 +190,7 @@ def _import_classes(folder: Path):
         getattr(transformers, tc, None)
     return AutoModelForCausalLM._model_mapping[type(cfg)]
 
-
+# %% ../nbs/02_models.ipynb #7cda1912
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 def hub_message(repo_id: str, why: str = "") -> str:
     "What to do about a hub id that is neither in the local cache nor downloadable (`why`: what stopped the download)."
@@ -232,7 +232,7 @@ def hub_snapshot(repo_id: str, download: bool = False) -> Path | None:
         why = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
         raise ModelNotFound(f"{repo_id!r}: {hub_message(repo_id, why)}") from None
 
-
+# %% ../nbs/02_models.ipynb #d94dd0af
 def load_causal_lm(name: str, dtype: str = "float32", cache: bool = True) -> LoadedLM:
     "Load packaged model `name` (or a GGUF file / HF folder path) on the CPU; caches a safetensors copy."
     t0 = time.perf_counter()

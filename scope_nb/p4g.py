@@ -87,7 +87,7 @@ def load_p4g_speakers(corpus_dir=None) -> tuple[dict, set, set]:
         ers = set(speakers)
     return speakers, ers & set(speakers), ees & set(speakers)
 
-
+# %% ../nbs/11_p4g.ipynb #a82ab16a
 def _level(x) -> str | None:
     try:
         v = float(x)

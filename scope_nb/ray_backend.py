@@ -70,7 +70,7 @@ class RolloutWorker:
 
 TRAINERS = ("torch", "fsdp", "megatron")
 
-
+# %% ../nbs/64_ray.ipynb #60e2fcbf
 def write_weights(path, model, tok, sd: dict, bf16: bool = False) -> str:
     """Write full weights `sd` (HF layout) as a model folder at the absolute `path`, atomically (a `.tmp` sibling,
     then a rename), in bfloat16 when `bf16`: what an engine's `update_weights_from_disk` reads. `model` gives the
@@ -105,7 +105,7 @@ def move_optimizer_state(opt, device) -> int:
                 st[k] = v.to(device)
     return moved
 
-
+# %% ../nbs/64_ray.ipynb #33358d40
 class TrainerRank:
     """One rank of a trainer group: its share of one trainable policy and its optimizer (`torch`: one rank; `fsdp`,
     `megatron`: a process group)."""
@@ -273,7 +273,7 @@ def _check_pins(pins: dict, world: int) -> dict[str, list[int]]:
         out[role] = ids
     return out
 
-
+# %% ../nbs/64_ray.ipynb #8ac2ccf5
 class RemoteTrainer:
     """Driver-side handle of a trainer group: `step` sends items to every rank. Without engines the new weights come
     back and are loaded into the driver's policy (the workers need them with the next call anyway); with `push_dir`
@@ -319,7 +319,7 @@ class RemoteTrainer:
             self.policy.model.load_state_dict(ray.get([a.weights.remote() for a in self.actors])[0])
             self.stale = False
 
-
+# %% ../nbs/64_ray.ipynb #88d34430
 class RayBackend:
     """Rollouts on `workers` RolloutWorker actors and updates on one trainer group per trainable policy, on a (local or
     given) Ray cluster."""

@@ -65,7 +65,7 @@ def method_label(cfg: dict) -> str:
         return "Co-Training" if mode == "frozen" else f"Co-Training + {label.removeprefix('RL + ')}"
     return label
 
-
+# %% ../nbs/40_report.ipynb #647d0ae4
 def load_run(path) -> RunLog:
     "Read a run folder tolerantly: every unreadable line or file becomes a named problem, the rest is kept."
     p = Path(path)
@@ -158,7 +158,7 @@ def diff_ci(a, b, level: float = 0.95) -> dict:
     h = stats.t.ppf((1 + level) / 2, df) * se
     return dict(diff=d, lo=d - h, hi=d + h, n=(len(a), len(b)))
 
-
+# %% ../nbs/40_report.ipynb #6705b864
 def per_seed(runs: list[RunLog], key: str, stat: str) -> list[float]:
     "One value of `stat` (best, final, auc) of eval curve `key` per run that reports it."
     return [s[stat] for s in (curve_stats(*r.series(key)) for r in runs) if s]
@@ -199,7 +199,7 @@ def table_markdown(rows: list[dict]) -> str:
         for r in rows
     )
 
-
+# %% ../nbs/40_report.ipynb #85fdff49
 def comparisons_table(
     groups: dict[str, list[RunLog]], comparisons, keys=("eval/unseen",), stats=("final", "auc")
 ) -> list[dict]:
@@ -231,7 +231,6 @@ def comparisons_markdown(rows: list[dict]) -> str:
         f"[{r['lo']:+.3f}, {r['hi']:+.3f}] | {r['n'][0]} vs {r['n'][1]} | {r['verdict']} |\n"
         for r in rows
     )
-
 
 # %% ../nbs/40_report.ipynb #4b5a7a1e
 def _fig(title: str, ylabel: str):
@@ -292,7 +291,7 @@ def fig_eval_reward(groups, out: Path, note: str = "") -> list[Path]:
         fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7)
     return save_figure(fig, out, "eval_reward", note)
 
-
+# %% ../nbs/40_report.ipynb #019ff6f1
 def fig_group_fractions(groups, out: Path, note: str = "") -> list[Path]:
     "Fractions of zero-variance, all-success and all-failure groups, one panel each (paper Fig. 19)."
     import matplotlib

@@ -36,7 +36,7 @@ def _respond(speaker: Speaker, reqs: list[Request], temperature, batched: bool) 
         replies = [Reply(None, failed=True, error=f"{type(e).__name__}: {e}") for _ in reqs]
     return replies, time.perf_counter() - t0
 
-
+# %% ../nbs/31_rollout.ipynb #ed883137
 def rollout(
     env: Env,
     tasks: list[Task],
@@ -116,7 +116,7 @@ def rollout(
         seconds,
     )
 
-
+# %% ../nbs/31_rollout.ipynb #27b57244
 def _episode(
     env, st: EnvState, i, group, G, streams, trainable, errors, truncated, infos, speakers, step, models
 ) -> Episode:

@@ -48,6 +48,7 @@ def method_comparisons(name: str, scale: str) -> list[tuple[str, str, str]]:
     label = {a.name: a.method for a in e.scales[scale][1]}
     return [(label[a], label[c], w) for a, c, w in e.comparisons if a in label and c in label]
 
+# %% ../nbs/42_runner.ipynb #3b7a1eac
 def fig_sweep(table: list[dict], name: str, scale: str, out) -> list:
     "Dose-response of an experiment's `sweep`: final and AUC of eval/unseen per arm value, mean and 95% CI over seeds."
     import matplotlib
@@ -106,7 +107,7 @@ def _check_gate(exp, scale: str, measured, overrides, echo, enforce: bool = True
     else:
         echo(f"{exp.name}: gate NOT passed, run anyway (--skip-gate): {why}")
 
-
+# %% ../nbs/42_runner.ipynb #67494c00
 def run_experiment(
     name: str,
     scale: str = "lab",
@@ -197,7 +198,7 @@ def run_experiment(
     )
     return res
 
-
+# %% ../nbs/42_runner.ipynb #74731206
 def write_configs(name: str, scale: str, out: str, seeds=(0,), settings: str = "paper") -> list[Path]:
     """Write each arm × seed of an experiment as a TOML file under `out` (any scale; the gpu configs are not validated
     here)."""

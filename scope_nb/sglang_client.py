@@ -48,7 +48,7 @@ def parse_generate(result: dict, eos_ids) -> Sample:
     eos = (fr.get("type") == "stop") and bool(ids) and ids[-1] in set(eos_ids)
     return Sample(ids, [float(t[0]) for t in lps], eos)
 
-
+# %% ../nbs/63_sglang.ipynb #9410e3ee
 class SGLangEngine:
     "HTTP client of one SGLang server (native API); `generate` matches the `LocalPolicy.engine` contract."
 

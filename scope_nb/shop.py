@@ -173,7 +173,7 @@ def shop_outcome(conv: Conversation) -> str:
         return "running"
     return "ask-hit" if label_concern(said[1]) == concern_of(conv) else "ask-miss"
 
-
+# %% ../nbs/34_shop.ipynb #8ceb24b8
 class ShopEnv(Env):
     """The shop game: the customer privately names a concern; the agent pitches one (exploit) or asks, then pitches
     (reward 1 − Δ)."""
@@ -282,7 +282,7 @@ def completion_prompt(persona: str, messages: list[dict]) -> str:
         "\nCustomer: The" if not any(m["role"] == "assistant" for m in messages) else "\nCustomer:"
     )
 
-
+# %% ../nbs/34_shop.ipynb #ee85352a
 class ShopSimulator(Speaker):
     """A customer of one family, answered by the family's model on a llama.cpp server (through `ApiSpeaker`: retries,
     accounting). `shuffle`: each call lists the concerns in its own order, drawn from (seed, episode, turn); None: as
@@ -367,7 +367,7 @@ class ShopSimulator(Speaker):
             vs = vs.model_copy(update={"structured": self.vs_format})
         return self.api_speaker.propose(reqs, vs, extra, self.family.temperature)
 
-
+# %% ../nbs/34_shop.ipynb #66eacafa
 def shop_speaker(
     spec: str, name: str, seed: int, servers, max_tokens: int = 8, shuffle: bool | None = None, **api_kw
 ) -> ShopSimulator:

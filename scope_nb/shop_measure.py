@@ -120,6 +120,7 @@ def measure_family(
 # %% ../nbs/38_shop_measure.ipynb #2eeaa823
 SHOP_MODES = ("plain", "persona", "vs-prob", "vs-random")
 
+# %% ../nbs/38_shop_measure.ipynb #cdd6d0aa
 def measure_shop(
     families=tuple(SHOP_FAMILIES),
     modes=SHOP_MODES,
@@ -232,7 +233,7 @@ def measure_table(rows: list[dict]) -> str:
         )
     return "\n".join(out)
 
-
+# %% ../nbs/38_shop_measure.ipynb #a3f06a10
 def fig_shop_measure(rows: list[dict], out=None):
     """Stacked bars: each family's decided distribution over the concerns, one bar per mode; the none share above each
     bar."""
@@ -268,7 +269,7 @@ def fig_shop_measure(rows: list[dict], out=None):
 
     return save_figure(fig, out, "shop_measure")
 
-
+# %% ../nbs/38_shop_measure.ipynb #3f7baf4c
 def run_measurement(
     out,
     n: int = 200,

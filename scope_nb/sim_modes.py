@@ -113,6 +113,7 @@ class PersonaGuided(Speaker):
 class PoolEmpty(LookupError):
     "Sampling from a pool with no checkpoints."
 
+# %% ../nbs/23_sim_modes.ipynb #0ce75ff8
 class CheckpointPool:
     "FIFO pool of model checkpoints, one folder per entry, with a manifest on disk."
     def __init__(self, root, size: int = 5):
@@ -176,7 +177,7 @@ class CheckpointPool:
     def path(self, entry: dict) -> Path:
         return self.root / entry["path"]
 
-
+# %% ../nbs/23_sim_modes.ipynb #77773bb5
 def _adapter_copy(model, folder):
     "A frozen copy of LoRA `model` holding the adapter saved in `folder` (a pool entry generated locally)."
     import copy
@@ -187,7 +188,7 @@ def _adapter_copy(model, folder):
     set_peft_model_state_dict(m, load_file(Path(folder) / "adapter_model.safetensors"))
     return m.requires_grad_(False)
 
-
+# %% ../nbs/23_sim_modes.ipynb #4c4f8c7c
 class PoolSpeaker(Speaker):
     "The user played by a pool checkpoint drawn per step; `current` is the simulator being trained on those turns."
 

@@ -105,7 +105,7 @@ class CallResult:
             "completion_tokens": self.completion_tokens,
         }
 
-
+# %% ../nbs/20_simulators.ipynb #aff9c3f1
 class ApiSpeaker(Speaker):
     "A frozen model behind an OpenAI-compatible endpoint; concurrent calls, bounded retries, per-call accounting."
 
@@ -310,6 +310,7 @@ def episode_rng(seed: int, key: str, turn: int) -> np.random.Generator:
     "A generator that depends only on (seed, episode key, turn): draws do not depend on call completion order."
     return np.random.default_rng([seed % 2**32, zlib.crc32(key.encode()), turn])
 
+# %% ../nbs/20_simulators.ipynb #6abb1ff4
 class Verbalized(Speaker):
     """Verbalized Sampling: ask `base.propose` for `vs.n` candidates with probabilities and draw one with the run's
     seeded RNG.

@@ -73,7 +73,7 @@ class PersonaSettings(Settings):
         "default", min_length=1, description="'default' (the built-in set) or a file, one persona per line"
     )
 
-
+# %% ../nbs/35_specs.ipynb #ed37a2ac
 class SpeakerSettings(Settings):
     "What both roles have (`AgentSettings` and `UserSettings` add theirs)."
 
@@ -122,7 +122,7 @@ class AgentSettings(SpeakerSettings):
 
 MODES: dict = {}  # name -> UserMode (below): the registry of user.mode values
 
-
+# %% ../nbs/35_specs.ipynb #d8494ac8
 class UserSettings(SpeakerSettings):
     "The `[user]` table: the user simulator φ_ψ, and which of the paper's methods varies it (`mode`, Table 1)."
 
@@ -269,7 +269,7 @@ def _build_lab(spec, sec, env, name, seed, trainable, servers):
 
     return lab_speaker(spec, name, seed, trainable, sec.temperature, sec.max_new_tokens, sec.hidden, sec.layers)
 
-
+# %% ../nbs/35_specs.ipynb #d7ed6c13
 def _check_shop(spec, env, role):
     from scope_nb.shop import shop_family
 
@@ -328,6 +328,7 @@ def _check_hub(spec, env, role):
     if hub_offline() and hub_snapshot(spec) is None:
         raise ValueError(hub_message(spec, "HF_HUB_OFFLINE is set"))
 
+# %% ../nbs/35_specs.ipynb #3073d2c9
 def _check_local(spec, env, role):
     if spec in PACKAGED_MODELS:
         if not model_installed(spec):
@@ -376,7 +377,7 @@ for _k in (SpecKind("tiny", lambda s: s == "tiny", _check_tiny, _build_local, tr
            SpecKind("local", _yes, _check_local, _build_local, trainable=_yes)):   # packaged name or path: always last
     register_kind(_k)
 
-
+# %% ../nbs/35_specs.ipynb #a339e42b
 def build_speaker(
     spec: str,
     sec: SpeakerSettings | None,
@@ -450,7 +451,7 @@ def _mode_entry_points():
                                  f"{ep.name!r}")
             register_mode(mode)
 
-
+# %% ../nbs/35_specs.ipynb #8fd24822
 def mode_chain(mode: str) -> list[UserMode]:
     """The registered modes of a `user.mode` value: one name, or names joined by '+', the first building on the
     user's model and each later one wrapping the speaker before it (it must be declared `wraps`)."""

@@ -84,7 +84,7 @@ def tool_block(schemas: list[dict]) -> str:
     lines += [json.dumps(s["function"]) for s in schemas]
     return "\n".join(lines)
 
-
+# %% ../nbs/12_tau2.ipynb #e7e7d93c
 class Tau2Env(Env):
     "A τ²-bench domain: tau2 tools and evaluator, any simulator as the customer."
 
@@ -240,7 +240,7 @@ class Tau2Env(Env):
         }
         return float(ri.reward), info
 
-
+# %% ../nbs/12_tau2.ipynb #212f0460
 class Tau2Retail(Tau2Env):
     "τ²-bench retail (train 74 / test 40 tasks)."
 

@@ -36,7 +36,7 @@ def _cache_kw(model) -> str:
 def _cache_of(out):
     return getattr(out, "cache", None) if getattr(out, "cache", None) is not None else out.past_key_values
 
-
+# %% ../nbs/30_training.ipynb #e36fdbaf
 @torch.no_grad()
 def sample_batch(
     model,

@@ -63,7 +63,7 @@ def vs_schema(n: int, method: str = "prob", max_chars: int | None = None) -> dic
 
 STRUCTURED = ("json_schema", "json_object_schema", "json_object", "none")
 
-
+# %% ../nbs/03_verbalized.ipynb #893941b6
 def vs_response_format(
     n: int, method: str, structured: str = "json_schema", max_chars: int | None = None
 ) -> dict | None:
@@ -140,7 +140,7 @@ def _as_prob(v) -> float | None:
             return None
     return None
 
-
+# %% ../nbs/03_verbalized.ipynb #ec5f84f0
 def _loads(s: str):
     "json, then json without trailing commas, then a Python literal; None if nothing parses."
     cands = (s, _strip_trailing_commas(s))
@@ -193,7 +193,7 @@ def _join_surrogates(t: str) -> str:
     except UnicodeDecodeError:
         return t
 
-
+# %% ../nbs/03_verbalized.ipynb #a5b95908
 def parse_vs(text, n: int) -> VSParse:
     "Parse a VS answer into up to n candidates; never raises (failures are typed in `.error`)."
     try:

@@ -99,7 +99,7 @@ def hf_folder(model: str) -> Path:
         )
     return p
 
-
+# %% ../nbs/22_vllm.ipynb #19009939
 class VLLMServer:
     """vLLM's OpenAI-compatible server for `model` (packaged name or HF folder) on a free loopback port; `lora_rank`
     > 0 serves up to `max_loras` LoRA adapters of that rank at once beside the base model."""
@@ -307,7 +307,7 @@ def _weights_folder(path) -> Path:
                         "save_pretrained first (a failed reload would kill the engine)")
     return p
 
-
+# %% ../nbs/22_vllm.ipynb #abc4e17d
 class VLLMEngine:
     """HTTP client of one vLLM server: `generate` matches the `LocalPolicy.engine` contract; `adapter` names a loaded
     LoRA adapter to generate with (default: the base model, or the engine's `adapter` attribute)."""

@@ -65,7 +65,7 @@ def vs_summary(episodes, vs_speaker=None) -> dict:
         } | {"errors": s["errors"]}
     return out
 
-
+# %% ../nbs/43_vs_tools.ipynb #9867c11f
 def _dialogues(env: str, agent: str, sim: str, episodes: int, sec: UserSettings, seed: int, servers, wrap=None, tag="",
               step=None):
     """`episodes` dialogues of a frozen `agent` with a frozen `sim` (through `wrap`, e.g. Verbalized) on the env's test

@@ -162,7 +162,7 @@ def analyze_records(recs: list[dict], seed: int = 0, n_boot: int = 10_000) -> di
         res[fam] = {"n_sessions": {a: len(vals[a]) for a in ARM_ORDER}, "summary": summary, "tests": tests}
     return res
 
-
+# %% ../../nbs/53_study_analysis.ipynb #5903be58
 def table3_markdown(res: dict) -> str:
     "Table 3 style: mean [95% CI] per condition and outcome, per family; then the pairwise tests."
     out = []

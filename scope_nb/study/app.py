@@ -69,6 +69,7 @@ def _streaming(events):
     from fastapi.responses import StreamingResponse
     return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-store"})
 
+# %% ../../nbs/52_study_app.ipynb #a846d42f
 class StudyServer:
     "The study's request handlers, one method per route (`create_app` only wires them to URLs), and what they share."
     def __init__(self, cfg: StudyConfig, store: Store):
@@ -391,7 +392,7 @@ class StudyServer:
         media = "application/x-ndjson" if format == "jsonl" else "text/csv"
         return PlainTextResponse(await asyncio.to_thread(build), media_type=media)
 
-
+# %% ../../nbs/52_study_app.ipynb #2b088669
 def _internal_error(request, e):
     "An unexpected failure: the participant reads a generic JSON error, the server log gets the exception."
     import logging

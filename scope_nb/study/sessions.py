@@ -58,7 +58,7 @@ def check_tasks(cfg: StudyConfig, sessions: "Sessions") -> None:
     if bad:
         raise ConfigError("\n".join(bad))
 
-
+# %% ../../nbs/51_study_sessions.ipynb #9ef1a5a5
 def panel(env, task_type: str, task) -> dict:
     "What the participant reads before and during the chat."
     if task_type == "p4g":
@@ -89,7 +89,7 @@ def visible(state) -> list[dict]:
         if t.message.role == "assistant" and t.message.content
     ]
 
-
+# %% ../../nbs/51_study_sessions.ipynb #20eb1a59
 class Sessions:
     """Environment state per session, rebuilt from stored turns when absent (e.g. after a restart). Used from worker
     threads (the handlers keep blocking work off the event loop), so building an env or a state holds a lock."""
@@ -230,7 +230,7 @@ def _cell(v):
     v = v.encode("utf-8", "replace").decode("utf-8")
     return "'" + v if v[:1] in ("=", "+", "-", "@", "\t", "\r") else v
 
-
+# %% ../../nbs/51_study_sessions.ipynb #7030ee08
 def rows_csv(rows: list[dict]) -> str:
     "Flat CSV: one row per session, survey items as columns, transcript as JSON text; formulas neutralised."
     items = list(TAU2_ITEMS) + list(P4G_ITEMS) + ["donation", "comment"]

@@ -29,7 +29,7 @@ class Endpoint(Settings):
     temperature: float = Field(0.7, ge=0, le=2, description="sampling temperature of the agent's replies")
     max_tokens: int = Field(256, ge=1, le=8192, description="token budget of one agent reply")
 
-
+# %% ../../nbs/50_study.ipynb #5b151e57
 class StudyConfig(Settings):
     "The study's TOML: arms, task pools, limits, the completion redirect and the names of the secrets' variables."
 
@@ -117,7 +117,7 @@ class StudyConfig(Settings):
             raise ValueError("must contain {code}, where the completion code goes")
         return v
 
-
+# %% ../../nbs/50_study.ipynb #9779988b
 def study_config(d: dict) -> StudyConfig:
     "A StudyConfig from a dict (e.g. parsed TOML); every bad field is named with its fix."
     return parse_settings(StudyConfig, d, "study config", ConfigError)
@@ -191,7 +191,7 @@ def _private_file(path: Path) -> None:
     os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))
     os.chmod(path, 0o600)
 
-
+# %% ../../nbs/50_study.ipynb #ad47cc40
 class Store:
     "The study database: participants, sessions, turns, surveys (SQLAlchemy Core; SQLite with WAL by default)."
 
