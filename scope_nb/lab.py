@@ -241,16 +241,22 @@ def _clone(policy, examples: list[tuple[list[dict], dict[str, float]]], steps: i
         att[i, : len(q)] = 1
         wt[i, lp - 1] = pr
         wt[i, lp] = pr
+    def loss_now():
+        logp = F.log_softmax(model(input_ids=ids, attention_mask=att).logits[:, :-1].float(), -1)
+        return -(logp.gather(2, ids[:, 1:, None]).squeeze(2) * wt).sum() / len(examples)
+
     torch.manual_seed(seed)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     model.train()
     for _ in range(steps):
-        logp = F.log_softmax(model(input_ids=ids, attention_mask=att).logits[:, :-1].float(), -1)
-        loss = -(logp.gather(2, ids[:, 1:, None]).squeeze(2) * wt).sum() / len(examples)
+        loss = loss_now()
         opt.zero_grad()
         loss.backward()
         opt.step()
     model.eval()
+    if steps == 0:  # no fitting: the loss of the policy as it is
+        with torch.no_grad():
+            loss = loss_now()
     return float(loss.detach())
 
 
