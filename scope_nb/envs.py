@@ -53,7 +53,16 @@ class Env:
         t = self.templates.get(role)
         return default if t is None else t.format_map(values)
 
-    def tasks(self, split: str = "train") -> list[Task]: raise NotImplementedError
+    def tasks(self, split: str = "train") -> list[Task]:
+        "The tasks of `split`, by default from `self._tasks` (split -> list of Task, built in `__init__`)."
+        tasks = getattr(self, "_tasks", None)
+        if not isinstance(tasks, dict):
+            name = type(self).__name__
+            raise NotImplementedError(f"{name}: set self._tasks = {{split: [Task, ...]}} or override tasks")
+        if split not in tasks:
+            raise ValueError(f"{self.name}: no split {split!r}; it has {', '.join(tasks)}")
+        return list(tasks[split])
+
     def reset(self, task: Task) -> EnvState: raise NotImplementedError
     def reward(self, state: EnvState) -> dict[str, float]: raise NotImplementedError
 
@@ -121,9 +130,6 @@ class EchoEnv(Env):
             ],
         }
 
-    def tasks(self, split="train"):
-        return list(self._tasks[split])
-
     PROMPT_VARS = {"agent": (), "user": ("colours",)}
 
     def reset(self, task):
@@ -160,8 +166,6 @@ class AskEnv(Env):
         self.max_turns = max_turns
         tasks = [Task(f"ask/{i}", "train" if i < 7 else "test", {"topic": t}) for i, t in enumerate(ASK_TOPICS)]
         self._tasks = {s: [t for t in tasks if t.split == s] for s in ("train", "test")}
-
-    def tasks(self, split="train"): return list(self._tasks[split])
 
     PROMPT_VARS = {"agent": ("topic",), "user": ("topic",)}
 
@@ -201,7 +205,7 @@ def register_env(cls: type | None = None, *, name: str | None = None):
         n = name or c.name
         if not n or n == Env.name:
             raise ValueError(f"register_env({c.__name__}): give the class a `name` (what env.name selects)")
-        missing = [m for m in ("tasks", "reset", "_apply", "reward") if getattr(c, m) is getattr(Env, m)]
+        missing = [m for m in ("reset", "_apply", "reward") if getattr(c, m) is getattr(Env, m)]
         if missing:
             raise ValueError(f"register_env({c.__name__}): implement {', '.join(missing)} (see Env)")
         lo, hi = c.reward_range

@@ -88,9 +88,6 @@ class LabEnv(Env):
             "test": [Task(f"lab/{i}", "test", {"topic": TOPICS[i % 4]}) for i in range(n_train, n_train + n_test)],
         }
 
-    def tasks(self, split="train"):
-        return list(self._tasks[split])
-
     PROMPT_VARS = {"agent": ("topic",), "user": ("topic",)}
 
     def reset(self, task):

@@ -193,9 +193,6 @@ class P4GEnv(Env):
                 f"p4g: the corpus has {len(ees)} persuadees; not enough for both splits (test_fraction={test_fraction})"
             )
 
-    def tasks(self, split="train"):
-        return list(self._tasks[split])
-
     PROMPT_VARS = {"agent": ("persona", "turns", "max_turns", "word_limit"), "user": ("persona", "word_limit")}
 
     def reset(self, task):
@@ -219,7 +216,7 @@ class P4GEnv(Env):
         ):
             state.next = None
         else:
-            state.next = "user" if speaker == "agent" else "agent"
+            self.alternate(state, speaker)
 
     def reward(self, state):
         r = p4g_reward(episode_donation(state.conversation))

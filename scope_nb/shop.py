@@ -197,9 +197,6 @@ class ShopEnv(Env):
                 tasks.append(Task(f"shop/{i}/{k}", "train" if i < 8 else "test", {"product": p, "order": order}))
         self._tasks = {s: [t for t in tasks if t.split == s] for s in ("train", "test")}
 
-    def tasks(self, split="train"):
-        return list(self._tasks[split])
-
     PROMPT_VARS = {"agent": ("product", "options", "words"), "user": ("product",)}
 
     def reset(self, task):

@@ -115,9 +115,6 @@ class Tau2Env(Env):
             t.name for t in probe.get_tools() if str(probe.tools.tool_type(t.name).value) == "write"
         } - {"transfer_to_human_agents"}
 
-    def tasks(self, split="train"):
-        return list(self._tasks[split])
-
     def tau_task(self, task: Task):
         return self._tau_tasks[task.data["tau2_id"]]
 
