@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from .core import ConfigError, Settings, parse_settings, settings_model   # ConfigError: defined in core so that
 # the study server (50_study) can use it without importing the trainer
-from .envs import env_class, env_names, load_prompts, make_env
+from .envs import ENVS, env_class, env_names, load_prompts, make_env
 from .grpo import GRPOConfig
 from .specs import AgentSettings, UserSettings, check_spec, kind_of, mode_chain
 
@@ -97,7 +97,7 @@ class EnvSection(Settings):
     @field_validator("name")
     @classmethod
     def _known_env(cls, v):
-        if v not in env_names() and ":" not in v:
+        if v not in ENVS and ":" not in v and v not in env_names():  # installed entry points read only on a miss
             raise ValueError(f"unknown environment; known: {', '.join(env_names())}, or module:Class")
         return v
 

@@ -523,20 +523,19 @@ def _pool(base, sec, seed, run_dir, env, servers):
     return PoolSpeaker(base, pool, sec.pool.sampling, seed)
 
 
-def _check_pool(sec):
-    if not (sec.train and kind_of(sec.model).trainable(sec.model)):
-        raise ValueError(
-            "user.mode = 'pool' is Population Co-Training: set user.train = true with a local model "
-            "(tiny, lab-user:<family>, smollm2, a path)"
-        )
+def _trained_local(mode: str, what: str):
+    "The check of a mode whose simulator trains: user.train with a model that has local weights."
+
+    def check(sec):
+        if not (sec.train and kind_of(sec.model).trainable(sec.model)):
+            raise ValueError(f"user.mode = {mode!r} is {what}: set user.train = true with a local model "
+                             "(tiny, lab-user:<family>, smollm2, a path)")
+
+    return check
 
 
-def _check_cotrain(sec):
-    if not (sec.train and kind_of(sec.model).trainable(sec.model)):
-        raise ValueError(
-            "user.mode = 'cotrain' is Co-Training (paper §4): the simulator trains too; set user.train = true with a "
-            "local model (lab-user:<family>, smollm2, a path)"
-        )
+_check_pool = _trained_local("pool", "Population Co-Training")
+_check_cotrain = _trained_local("cotrain", "Co-Training (paper §4)")
 
 
 def _pool_after_step(sp: PoolSpeaker, run, step: int, row: dict):

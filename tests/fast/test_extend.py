@@ -96,8 +96,9 @@ def site(tmp_path_factory):
 
 
 def scope(args, site, out, *extra):
-    env = dict(os.environ, PYTHONPATH=str(site)) if site else dict(os.environ)
-    env.pop("PYTHONPATH", None) if site is None else None
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if site:
+        env["PYTHONPATH"] = str(site)
     return subprocess.run([SCOPE, "train", *BASE, "--set", f"run.out_dir='{out}'", *args, *extra],
                           capture_output=True, text=True, env=env)
 
