@@ -77,8 +77,17 @@ def test_faults_are_retried_counted_and_exhaustion_fails_with_reason(server):
     assert len(replies) == 50 and all(not r.failed and r.content for r in replies)
     print(proxy.counts, sp.stats["errors"])
     assert proxy.n_faults >= 5 and all(proxy.counts[k] > 0 for k in ("429", "500", "drop", "truncated", "timeout"))
-    assert sp.stats["retries"] == proxy.n_faults                 # every injected fault was retried and counted
-    assert sum(len(r.info["api"]["errors"]) for r in replies) == proxy.n_faults
+    errs, attempts = sp.stats["errors"], sum(proxy.counts.values())
+    # every attempt reached the proxy, and every attempt but the 50 that answered was an error, retried and counted
+    assert attempts == 50 + sp.stats["retries"] and sp.stats["retries"] == sum(errs.values())
+    assert sum(len(r.info["api"]["errors"]) for r in replies) == sp.stats["retries"]
+    # faults the proxy answers itself are seen exactly as injected
+    assert (errs.get("429", 0), errs.get("500", 0), errs.get("connection", 0)) == (proxy.counts["429"], proxy.counts["500"], proxy.counts["drop"])
+    # faults that wait on the real server can also meet the client's timeout when a busy machine answers slowly
+    # (CI once saw 10 client timeouts for 4 injected hangs); nothing is lost, it is only counted as a timeout
+    malformed = sum(v for k, v in errs.items() if k.startswith("malformed"))
+    assert malformed <= proxy.counts["truncated"] and errs.get("timeout", 0) >= proxy.counts["timeout"]
+    assert errs.get("timeout", 0) + malformed == proxy.counts["timeout"] + proxy.counts["truncated"] + proxy.counts["ok"] - 50
     with FaultProxy(server.base_url, rate=1.0, faults=("500",), seed=2) as proxy:
         sp = _speaker(proxy.base_url, server.model_name, max_retries=2, backoff=0.01)
         rep = sp.respond([Request(MSGS, key="x")])[0]
