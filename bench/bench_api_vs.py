@@ -15,10 +15,10 @@ Sampling (n = 5 candidates in one JSON reply, drawn by probability). Rollout tim
 """
 import argparse, statistics, sys, threading, time, urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from scope_nb.envs import AskEnv
-from scope_nb.llama_server import LlamaServer
-from scope_nb.rollout import rollout
-from scope_nb.simulators import ApiConfig, ApiSpeaker, Verbalized
+from scope_nb.envs.base import AskEnv
+from scope_nb.users.llama_server import LlamaServer
+from scope_nb.train.rollout import rollout
+from scope_nb.users.simulators import ApiConfig, ApiSpeaker, Verbalized
 
 
 def latency_proxy(target: str, latency: float) -> ThreadingHTTPServer:

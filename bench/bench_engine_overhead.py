@@ -10,10 +10,10 @@ overhead. Modes alternate within each repeat; medians over repeats. Last line: t
 """
 import argparse, statistics, time
 import torch
-from scope_nb.envs import AskEnv
-from scope_nb.models import load_causal_lm
-from scope_nb.rollout import rollout
-from scope_nb.training import LocalPolicy
+from scope_nb.envs.base import AskEnv
+from scope_nb.core.models import load_causal_lm
+from scope_nb.train.rollout import rollout
+from scope_nb.core.policy import LocalPolicy
 
 
 class ForwardClock:

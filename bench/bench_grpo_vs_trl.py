@@ -27,12 +27,12 @@ def reward_len(n_tokens: int, max_new: int) -> float:
 
 def run_scope(a) -> dict:
     import numpy as np, torch
-    from scope_nb.core import Conversation
-    from scope_nb.envs import Env, EnvState, Task
-    from scope_nb.grpo import GRPOConfig, GRPOTrainer, role_items
-    from scope_nb.models import load_causal_lm
-    from scope_nb.rollout import rollout
-    from scope_nb.training import LocalPolicy
+    from scope_nb.core.dialogue import Conversation
+    from scope_nb.envs.base import Env, EnvState, Task
+    from scope_nb.train.grpo import GRPOConfig, GRPOTrainer, role_items
+    from scope_nb.core.models import load_causal_lm
+    from scope_nb.train.rollout import rollout
+    from scope_nb.core.policy import LocalPolicy
 
     class SingleTurn(Env):
         name = "single-turn"
@@ -71,7 +71,7 @@ def run_trl(a) -> dict:
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
-    from scope_nb.models import load_causal_lm
+    from scope_nb.core.models import load_causal_lm
     torch.manual_seed(0)
     lm = load_causal_lm("smollm2")
     ds = Dataset.from_list([{"prompt": [{"role": "user", "content": p}]} for p in PROMPTS[: a.prompts]] * (a.steps + 1))

@@ -20,9 +20,9 @@ ARMS = ("rl-single", "co-training", "population")
 def train_timed(d: dict, tasks: int, group: int):
     "Train the config dict `d` with `tasks` x G=`group` episodes per step, no evaluation or checkpoints; (config, metric rows after the warm-up step)."
     import torch
-    from scope_nb.config import Config, from_dict, validate
-    from scope_nb.report import load_run
-    from scope_nb.run import train
+    from scope_nb.train.config import Config, from_dict, validate
+    from scope_nb.experiments.report import load_run
+    from scope_nb.train.run import train
     torch.set_num_threads(1)
     d["eval"]["every"] = 10_000; d["checkpoint"]["every"] = 10_000
     d["grpo"]["batch_tasks"], d["grpo"]["group_size"] = tasks, group
@@ -32,10 +32,10 @@ def train_timed(d: dict, tasks: int, group: int):
 
 
 def one_run(arm: str, steps: int, tasks: int, group: int, out: str) -> dict:
-    from scope_nb.experiments import experiment_dicts
+    from scope_nb.experiments.registry import experiment_dicts
     cfg, rows = train_timed(experiment_dicts("collapse-lab", "lab", (0,), out, [arm], steps=steps)[0], tasks, group)
-    from scope_nb.specs import build_speaker
-    from scope_nb.envs import make_env
+    from scope_nb.train.specs import build_speaker
+    from scope_nb.envs.base import make_env
     n_params = sum(p.numel() for p in build_speaker(cfg.agent.model, cfg.agent, make_env("lab", 2), "agent", 0, True).model.parameters())
     trained = 1 + bool(cfg.user.train)
     state = n_params * 4 * (trained * (1 + 2 + 1) + (1 if cfg.user.mode == "pool" else 0))   # weights + AdamW m, v + reference; + one pool copy

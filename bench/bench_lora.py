@@ -51,8 +51,8 @@ def folder_bytes(p: Path) -> int:
 def part_pool(k: int) -> dict:
     import torch
     from peft import LoraConfig, get_peft_model
-    from scope_nb.models import load_causal_lm
-    from scope_nb.vllm_engine import VLLMEngine, VLLMServer, save_untied
+    from scope_nb.core.models import load_causal_lm
+    from scope_nb.users.vllm_engine import VLLMEngine, VLLMServer, save_untied
     lm = load_causal_lm("smollm2")
     prompt = lm.tokenizer("Would you donate to a children's charity?")["input_ids"]
     with tempfile.TemporaryDirectory() as d:
@@ -98,9 +98,9 @@ def part_pool(k: int) -> dict:
 
 ARM = r'''
 import json, resource, statistics, sys
-from scope_nb.config import load_config
-from scope_nb.run import read_metrics, train
-from scope_nb.sim_modes import Servers
+from scope_nb.train.config import load_config
+from scope_nb.train.run import read_metrics, train
+from scope_nb.users.modes import Servers
 sys.path.insert(0, sys.argv[3])
 from bench_lora import tree_rss
 rss, close = {}, Servers.close

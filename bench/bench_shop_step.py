@@ -30,10 +30,10 @@ def split(rows: list[dict], arm: str) -> dict:
 
 
 def run_arm(arm: str, steps: int, out: str) -> dict:
-    from scope_nb.config import Config, from_dict, validate
-    from scope_nb.experiments import experiment_dicts
-    from scope_nb.report import load_run
-    from scope_nb.run import train
+    from scope_nb.train.config import Config, from_dict, validate
+    from scope_nb.experiments.registry import experiment_dicts
+    from scope_nb.experiments.report import load_run
+    from scope_nb.train.run import train
     base, _, engine = arm.partition("@")
     unshared = base == "vs-unshared"
     d = experiment_dicts("llm-collapse", "cpu-llm", (0,), out, ["vs" if unshared else base], steps=steps)[0]
@@ -51,7 +51,7 @@ def run_arm(arm: str, steps: int, out: str) -> dict:
 
 def from_runs(folder: str, arms: list[str]) -> list[dict]:
     "The split of each arm from the finished runs `<arm>-s<seed>` in `folder`."
-    from scope_nb.report import load_run
+    from scope_nb.experiments.report import load_run
     out = []
     for arm in arms:
         runs = sorted(Path(folder).glob(f"{arm}-s*"))

@@ -1,6 +1,6 @@
 """The embedded simulator server (llama.cpp's llama-server serving SmolLM2 on this machine's cores), side by side.
 The model is served as the library serves it (`--quant auto`: the packaged Q4_1 file re-encoded as Q8_0, see
-`nbs/21_llama_server.ipynb`); `--quant none` serves the packaged file itself.
+`nbs/users/21_llama_server.ipynb`); `--quant none` serves the packaged file itself.
 
     .venv/bin/python bench/bench_sim_server.py [--episodes 8] [--turns 4] [--repeats 3] [--parts 1234] [--quant Q8_0]
         [--parallel 8] [--server-args='-ctk q8_0 -ctv q8_0']
@@ -28,11 +28,11 @@ Part 4 (fidelity of the served copy): greedy replies of the packaged file vs its
 """
 import argparse, asyncio, json, re, statistics, sys, time, urllib.request
 
-from scope_nb.llama_server import LlamaServer
-from scope_nb.p4g import P4GEnv
-from scope_nb.rollout import rollout
-from scope_nb.simulators import ApiConfig, ApiSpeaker, Request
-from scope_nb.verbalized import VSConfig, parse_vs, vs_instructions, vs_response_format
+from scope_nb.users.llama_server import LlamaServer
+from scope_nb.envs.p4g import P4GEnv
+from scope_nb.train.rollout import rollout
+from scope_nb.users.simulators import ApiConfig, ApiSpeaker, Request
+from scope_nb.users.verbalized import VSConfig, parse_vs, vs_instructions, vs_response_format
 
 OPENER = "Hello! I work with Save the Children. Have you heard of the charity, and would you consider a donation?"
 

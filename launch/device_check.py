@@ -61,14 +61,14 @@ def build(a):
 
 
 def versions():
-    from scope_nb.launch import stack_versions
+    from scope_nb.scale.launch import stack_versions
     for line in stack_versions(): print(line)
 
 
 def _items(cfg, model, a, g):
     "(trajectory, advantage) pairs from prompts sampled on `model`."
-    from scope_nb.episodes import RoleTrajectory
-    from scope_nb.training import sample_batch
+    from scope_nb.core.episodes import RoleTrajectory
+    from scope_nb.core.policy import sample_batch
     prompts = [torch.randint(1, cfg.vocab_size, (a.prompt,), generator=g).tolist() for _ in range(a.batch)]
     t0 = time.perf_counter()
     with torch.autocast(model.device.type, dtype=torch.bfloat16, enabled=model.device.type == "cuda"):
@@ -83,7 +83,7 @@ def _items(cfg, model, a, g):
 
 def grpo(cfg, model, dev, a):
     from types import SimpleNamespace
-    from scope_nb.grpo import GRPOConfig, GRPOTrainer
+    from scope_nb.train.grpo import GRPOConfig, GRPOTrainer
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     m = copy.deepcopy(model).to(dev)
     tr = GRPOTrainer(SimpleNamespace(model=m, pad_id=0), GRPOConfig(lr=1e-6, kl_coef=0.005, micro_batch=4, mixed_precision="bf16"))
@@ -105,8 +105,8 @@ def grpo(cfg, model, dev, a):
 @contextlib.contextmanager
 def one_rank_group(dev):
     import torch.distributed as dist
-    from scope_nb.core import free_port
-    from scope_nb.fsdp import init_local_group
+    from scope_nb.core.dialogue import free_port
+    from scope_nb.scale.fsdp import init_local_group
     if dev.type == "cuda": torch.cuda.set_device(dev)
     init_local_group(0, 1, free_port(), "nccl" if dev.type == "cuda" else "gloo")
     try: yield
@@ -115,8 +115,8 @@ def one_rank_group(dev):
 
 def fsdp(cfg, model, dev, a):
     from types import SimpleNamespace
-    from scope_nb.fsdp import FSDPTrainer, group_device
-    from scope_nb.grpo import GRPOConfig
+    from scope_nb.scale.fsdp import FSDPTrainer, group_device
+    from scope_nb.train.grpo import GRPOConfig
     items, _ = _items(cfg, model, a, torch.Generator().manual_seed(1))
     with one_rank_group(dev):
         m = copy.deepcopy(model).to(dev)
@@ -130,9 +130,9 @@ def megatron(cfg, model, dev, a):
     try: import megatron.core  # noqa: F401
     except ImportError: raise Skip("megatron-core is not installed")
     from types import SimpleNamespace
-    from scope_nb.grpo import GRPOConfig
-    from scope_nb.megatron_train import MegatronTrainer
-    from scope_nb.training import token_logprobs
+    from scope_nb.train.grpo import GRPOConfig
+    from scope_nb.scale.megatron_train import MegatronTrainer
+    from scope_nb.core.policy import token_logprobs
     items, _ = _items(cfg, model, a, torch.Generator().manual_seed(2))
     with one_rank_group(dev):
         m = copy.deepcopy(model).to(dev)   # float32: the comparison is of the conversion, not of bf16 rounding
@@ -152,8 +152,8 @@ def megatron(cfg, model, dev, a):
 
 
 def sglang(cfg, model, dev, a, folder):
-    from scope_nb.sglang_client import SGLangEngine
-    from scope_nb.training import token_logprobs
+    from scope_nb.scale.sglang_client import SGLangEngine
+    from scope_nb.core.policy import token_logprobs
     proc = None
     model.save_pretrained(folder / "start")
     url = a.sglang_url
@@ -161,7 +161,7 @@ def sglang(cfg, model, dev, a, folder):
         try: import sglang  # noqa: F401
         except ImportError: raise Skip("sglang is not installed (pip install 'scope_nb[gpu]')")
         if dev.type != "cuda": raise Skip("SGLang needs CUDA")
-        from scope_nb.core import free_port
+        from scope_nb.core.dialogue import free_port
         port = free_port()
         log = open(folder / "sglang.log", "wb")
         proc = subprocess.Popen([sys.executable, "-m", "sglang.launch_server", "--model-path", str(folder / "start"),

@@ -10,9 +10,9 @@ experiment's `report/comparisons.md` and `report/table.md` (`scope experiment ru
 import argparse, json
 from pathlib import Path
 import numpy as np
-from scope_nb.report import load_run
-from scope_nb.shop import SHOP_SEEN
-from scope_nb.shop_measure import eval_moves, move_summary, move_table
+from scope_nb.experiments.report import load_run
+from scope_nb.envs.shop import SHOP_SEEN
+from scope_nb.experiments.shop_measure import eval_moves, move_summary, move_table
 
 COMPARISONS = (("ensemble", "rl-single"), ("vs", "rl-single"), ("co-training", "rl-single"), ("rl-single", "base"))
 

@@ -36,7 +36,7 @@ def run(path: Path) -> None:
 
 if __name__ == "__main__":
     names = sys.argv[1:] or SHOWN
-    paths = [p if p.suffix == ".ipynb" else ROOT / "nbs" / f"{p}.ipynb" for p in map(Path, names)]
+    paths = [p if p.suffix == ".ipynb" else next((ROOT / "nbs").rglob(f"{p}.ipynb")) for p in map(Path, names)]
     for p in paths:
         t0 = time.time()
         run(p)

@@ -25,8 +25,8 @@ def spawn_or_fail(fn, args, nprocs: int = 2, timeout: float = 900.0):
 def strict_group_device():
     """Inside: the default device is 'meta' (a tensor made without an explicit device lands where no collective
     runs, as a CPU tensor does beside GPU weights), and every collective checks that its tensors are on the group's
-    device (`scope_nb.fsdp.group_device`), so a CPU tensor in an NCCL collective has a CPU analogue that fails."""
-    from scope_nb.fsdp import group_device
+    device (`scope_nb.scale.fsdp.group_device`), so a CPU tensor in an NCCL collective has a CPU analogue that fails."""
+    from scope_nb.scale.fsdp import group_device
     saved = {name: getattr(dist, name) for name in COLLECTIVES}
     want = group_device()
 
@@ -52,7 +52,7 @@ def strict_group_device():
 
 def _rank(rank, world, port, path, body):
     import pickle
-    from scope_nb.fsdp import init_local_group
+    from scope_nb.scale.fsdp import init_local_group
     torch.set_num_threads(1)
     init_local_group(rank, world, port)
     try:
@@ -65,7 +65,7 @@ def _rank(rank, world, port, path, body):
 def on_ranks(body, payload, folder, world: int = 2):
     "body(rank, payload) on `world` gloo ranks of one group (with the hang guard); returns rank 0's result."
     import pickle
-    from scope_nb.core import free_port
+    from scope_nb.core.dialogue import free_port
     path = str(folder / body.__name__)
     open(path + ".in", "wb").write(pickle.dumps(payload))
     spawn_or_fail(_rank, (world, free_port(), path, body), nprocs=world)

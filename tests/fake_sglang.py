@@ -1,6 +1,6 @@
 """A loopback stand-in for an SGLang 0.5.23 server (which needs CUDA): the same native endpoints, answered by a real tiny
 transformers model, as strictly as the real server answers them, with injectable faults. Used to test
-scope_nb.sglang_client's request/response handling and the Ray backend's engine path.
+scope_nb.scale.sglang_client's request/response handling and the Ray backend's engine path.
 
 What it copies from SGLang 0.5.23's source (sglang/srt/entrypoints/http_server.py, sglang/api/v1/api_types.py,
 managers/io_struct.py, managers/tokenizer_manager.py, scheduler weight/memory code):
@@ -27,7 +27,7 @@ import json, os, threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import torch
 from transformers import AutoModelForCausalLM
-from scope_nb.training import sample_batch
+from scope_nb.core.policy import sample_batch
 
 SAMPLING_FIELDS = ("max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k", "min_p",
                    "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n", "json_schema",

@@ -5,12 +5,12 @@ from pathlib import Path
 warnings.filterwarnings("ignore")
 import torch
 from fake_sglang import FakeSGLang
-from scope_nb.cli import main
-from scope_nb.config import Config, from_dict, to_toml, validate
-from scope_nb.files import read_jsonl
-from scope_nb.experiments import experiment_dicts
-from scope_nb.lab import lab_agent
-from scope_nb.training import token_logprobs
+from scope_nb.cli.commands import main
+from scope_nb.train.config import Config, from_dict, to_toml, validate
+from scope_nb.core.files import read_jsonl
+from scope_nb.experiments.registry import experiment_dicts
+from scope_nb.envs.lab import lab_agent
+from scope_nb.core.policy import token_logprobs
 
 torch.set_num_threads(1)
 out = Path(sys.argv[1])
@@ -20,10 +20,10 @@ cfg = validate(from_dict(Config, d))
 base = lab_agent(seed=0, name="agent", trainable=True, temperature=1.0, max_new_tokens=2)
 base.model.save_pretrained(out / "engine_start")   # the folder the engines were started from (their /model_info path)
 fakes = [FakeSGLang(copy.deepcopy(base.model), base.pad_id, seed=i, model_path=str(out / "engine_start")) for i in range(2)]
-import scope_nb.training as training   # the driver's own policy must never generate: count its local sampling calls
+import scope_nb.core.policy as training   # the driver's own policy must never generate: count its local sampling calls
 driver_samples, _sample = [], training.sample_batch
 training.sample_batch = lambda *a, **k: driver_samples.append(1) or _sample(*a, **k)
-import scope_nb.ray_backend as rb   # what the driver writes and what it fetches from the trainer group
+import scope_nb.scale.ray_backend as rb   # what the driver writes and what it fetches from the trainer group
 driver_writes, fetches, _write, _sync = [], [], rb.write_weights, rb.RemoteTrainer.sync
 rb.write_weights = lambda *a, **k: driver_writes.append(str(a[0])) or _write(*a, **k)
 rb.RemoteTrainer.sync = lambda self: (fetches.append(self.stale), _sync(self))[1]

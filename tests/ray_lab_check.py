@@ -10,11 +10,11 @@ import json, sys, time, warnings
 from pathlib import Path
 warnings.filterwarnings("ignore")
 import torch
-from scope_nb.config import Config, from_dict, load_config, validate
-from scope_nb.experiments import experiment_dicts
-from scope_nb.ray_backend import RayBackend
-from scope_nb.report import load_run
-from scope_nb.run import train
+from scope_nb.train.config import Config, from_dict, load_config, validate
+from scope_nb.experiments.registry import experiment_dicts
+from scope_nb.scale.ray_backend import RayBackend
+from scope_nb.experiments.report import load_run
+from scope_nb.train.run import train
 
 torch.set_num_threads(1)
 out = sys.argv[1]

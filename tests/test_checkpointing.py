@@ -7,9 +7,9 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from scope_nb.core import free_port
-from scope_nb.fsdp import FSDPTrainer, init_local_group
-from scope_nb.grpo import GRPOTrainer
+from scope_nb.core.dialogue import free_port
+from scope_nb.scale.fsdp import FSDPTrainer, init_local_group
+from scope_nb.train.grpo import GRPOTrainer
 from test_fsdp import CFG, _batches, _grads_and_params, _policy
 
 GC = CFG.model_copy(update={"gradient_checkpointing": True})
@@ -79,8 +79,8 @@ def _megatron_rank(rank, world, port, path):
     torch.set_num_threads(1)
     init_local_group(rank, world, port)
     try:
-        from scope_nb.megatron import megatron_to_hf
-        from scope_nb.megatron_train import MegatronTrainer, tp_unshard
+        from scope_nb.scale.megatron import megatron_to_hf
+        from scope_nb.scale.megatron_train import MegatronTrainer, tp_unshard
         batches = pickle.loads(open(path + ".in", "rb").read())
         tr = MegatronTrainer(_policy(), GC)
         assert tr.model.recompute_layers

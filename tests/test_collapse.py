@@ -1,9 +1,9 @@
 """Collapse meter on a real model: a colder simulator is measured as more collapsed; the CLI writes its report."""
 import json, subprocess, sys
 from pathlib import Path
-from scope_nb.collapse import collapse_meter
-from scope_nb.models import load_causal_lm
-from scope_nb.training import LocalPolicy
+from scope_nb.diagnostics.collapse import collapse_meter
+from scope_nb.core.models import load_causal_lm
+from scope_nb.core.policy import LocalPolicy
 
 SCOPE = str(Path(sys.executable).parent / "scope")
 HISTORIES = [[{"role": "system", "content": "You are a busy person. Reply in one short sentence."},
@@ -30,7 +30,7 @@ def test_collapse_meter_cli(tmp_path):
 
 
 def test_embedding_labeler_groups_paraphrases():
-    from scope_nb.collapse import EmbeddingLabeler, eps_hat
+    from scope_nb.diagnostics.collapse import EmbeddingLabeler, eps_hat
     lab = EmbeddingLabeler(threshold=0.75)
     texts = ["No thanks, I'm busy.", "No thank you, I am too busy right now.", "Sorry, I'm busy, no thanks.",
              "Sure, I'd love a cup of tea!", "Yes please, tea sounds lovely."]

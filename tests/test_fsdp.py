@@ -3,12 +3,12 @@ import pickle
 import numpy as np
 import torch
 import torch.multiprocessing as mp
-from scope_nb.core import free_port
-from scope_nb.fsdp import FSDPTrainer, init_local_group
-from scope_nb.grpo import GRPOConfig, GRPOTrainer, role_items
-from scope_nb.lab import LAB_VOCAB, LabEnv, LabSimulator
-from scope_nb.rollout import rollout
-from scope_nb.training import tiny_policy
+from scope_nb.core.dialogue import free_port
+from scope_nb.scale.fsdp import FSDPTrainer, init_local_group
+from scope_nb.train.grpo import GRPOConfig, GRPOTrainer, role_items
+from scope_nb.envs.lab import LAB_VOCAB, LabEnv, LabSimulator
+from scope_nb.train.rollout import rollout
+from scope_nb.core.policy import tiny_policy
 
 CFG = GRPOConfig(lr=1e-3, kl_coef=0.005, micro_batch=4)
 STEPS = 3
@@ -138,7 +138,7 @@ def test_fsdp2_bf16_compute_with_float32_master_weights(tmp_path):
 def _push_body(rank, payload):
     import tempfile
     from pathlib import Path
-    from scope_nb.ray_backend import move_optimizer_state, write_weights
+    from scope_nb.scale.ray_backend import move_optimizer_state, write_weights
     items, folder = payload
     pol = _policy()
     tr = FSDPTrainer(pol, GRPOConfig(lr=1e-3, kl_coef=0.0, micro_batch=2))

@@ -4,10 +4,10 @@ import json, subprocess, sys
 from pathlib import Path
 import numpy as np
 import pytest
-from scope_nb.experiments import experiment_configs
-from scope_nb.runner import run_experiment
-from scope_nb.config import Config, from_dict, to_dict, validate
-from scope_nb.report import load_run
+from scope_nb.experiments.registry import experiment_configs
+from scope_nb.experiments.runner import run_experiment
+from scope_nb.train.config import Config, from_dict, to_dict, validate
+from scope_nb.experiments.report import load_run
 
 SEEDS = (0, 1, 2)
 
@@ -46,7 +46,7 @@ def test_ensemble_fix_keeps_heldout_reward(lab_runs):
 
 def _exploit_stats(run: Path, last: int = 10) -> tuple[float, float]:
     "(exploit share over the last `last` steps, the exploit's realised payoff over all steps where it was played)."
-    from scope_nb.lab import strategy_stats
+    from scope_nb.envs.lab import strategy_stats
     steps, shares, pay = strategy_stats(run)
     played = [(s, p) for s, p in zip(shares["exploit"], pay["exploit"]) if s > 0]
     payoff = sum(s * p for s, p in played) / sum(s for s, _ in played)
@@ -112,7 +112,7 @@ def test_experiment_resumes_an_interrupted_run(tmp_path):
     cfg = experiment_configs("collapse-lab", "lab", (0,), str(b), ["rl-single"], 10)[0]
     d = to_dict(cfg)
     d["checkpoint"]["every"], d["checkpoint"]["keep"] = 5, 3
-    from scope_nb.run import train
+    from scope_nb.train.run import train
     cfg5 = validate(from_dict(Config, d))
     train(cfg5, progress=False)
     m = cfg5.run_dir / "metrics.jsonl"
@@ -169,7 +169,7 @@ def test_registered_lab_design_full(tmp_path, exp):
     result's headline agrees with the one recorded in results/ (42_runner computes its tables from that file)."""
     _, reg = _registered_design(exp, tmp_path, seeds=10)
     assert reg.count(" of 10 | ") >= 5, reg
-    from scope_nb.prereg import load_evidence
+    from scope_nb.experiments.prereg import load_evidence
     ours = json.loads((tmp_path / exp / "lab" / "report" / "evidence.json").read_text())
     recorded = load_evidence(Path(__file__).parents[1] / "results" / f"{exp}.json")
     assert ours["exploit"] == recorded["exploit"], (ours["exploit"], recorded["exploit"])   # the lab is deterministic per seed

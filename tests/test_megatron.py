@@ -7,9 +7,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
-from scope_nb.core import free_port
-from scope_nb.fsdp import init_local_group
-from scope_nb.megatron import gpt_model_kwargs, hf_to_megatron, megatron_config_kwargs, megatron_to_hf
+from scope_nb.core.dialogue import free_port
+from scope_nb.scale.fsdp import init_local_group
+from scope_nb.scale.megatron import gpt_model_kwargs, hf_to_megatron, megatron_config_kwargs, megatron_to_hf
 
 warnings.filterwarnings("ignore", message=".*Transformer Engine.*")
 TINY = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -75,7 +75,7 @@ def test_unsupported_configs_are_named():
 def _megatron_run(path, tp, rank):
     "Three GRPO steps with MegatronTrainer on this rank; rank 0 saves first-step gradients and final weights in HF layout."
     from test_fsdp import CFG, _policy
-    from scope_nb.megatron_train import MegatronTrainer, tp_unshard
+    from scope_nb.scale.megatron_train import MegatronTrainer, tp_unshard
     batches = pickle.loads(open(path + ".in", "rb").read())
     tr = MegatronTrainer(_policy(), CFG)
     grads, norms = None, []
@@ -104,7 +104,7 @@ def _megatron_rank(rank, world, port, path):
 
 def test_megatron_tp2_matches_single_process(tmp_path):
     from test_fsdp import CFG, _batches, _grads_and_params, _policy
-    from scope_nb.grpo import GRPOTrainer
+    from scope_nb.train.grpo import GRPOTrainer
     batches = _batches()
     ref = GRPOTrainer(_policy(), CFG)
     want_g, want_p = _grads_and_params(ref, batches[:1], lambda t: t.clone())
@@ -124,7 +124,7 @@ def test_megatron_tp2_matches_single_process(tmp_path):
 
 
 def test_megatron_tp_must_divide_groups():
-    from scope_nb.megatron_train import build_gpt
+    from scope_nb.scale.megatron_train import build_gpt
     with pytest.raises(ValueError, match="must divide num_key_value_heads"): build_gpt(CASES[0][0], tp=4)
 
 
@@ -132,7 +132,7 @@ def _megatron_uneven_body(rank, batches):
     "Steps of 1, 5 and 7 items; every collective checked to run on the group's device; HF-layout weights after each."
     from dist_checks import strict_group_device
     from test_fsdp import UNEVEN_CFG, _policy
-    from scope_nb.megatron_train import MegatronTrainer
+    from scope_nb.scale.megatron_train import MegatronTrainer
     tr, out = MegatronTrainer(_policy(), UNEVEN_CFG), []
     with strict_group_device():
         for items in batches:
@@ -145,7 +145,7 @@ def test_megatron_tp2_uneven_item_counts(tmp_path):
     "TP = 2 over gloo with 1, 5 and 7 items (micro-batch 2) gives the single-process update step by step, collectives on the group's device."
     from dist_checks import on_ranks
     from test_fsdp import UNEVEN_CFG, _policy, check_stepwise, stepwise, uneven_batches
-    from scope_nb.grpo import GRPOTrainer
+    from scope_nb.train.grpo import GRPOTrainer
     batches = uneven_batches()
     want = stepwise(GRPOTrainer(_policy(), UNEVEN_CFG), batches, lambda t: t.clone())
     check_stepwise(on_ranks(_megatron_uneven_body, batches, tmp_path), want, atol=1e-6)
@@ -168,13 +168,13 @@ def test_build_gpt_uses_rmsnorm_with_or_without_apex(apex):
 import os, warnings; warnings.filterwarnings("ignore")
 import torch, torch.distributed as dist
 from transformers import LlamaConfig, LlamaForCausalLM
-from scope_nb.core import free_port
+from scope_nb.core.dialogue import free_port
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
 dist.init_process_group("gloo", rank=0, world_size=1)
 from megatron.core import parallel_state; parallel_state.initialize_model_parallel(1, 1)
 from megatron.core.models.gpt import gpt_layer_specs
-from scope_nb.megatron import hf_to_megatron
-from scope_nb.megatron_train import build_gpt
+from scope_nb.scale.megatron import hf_to_megatron
+from scope_nb.scale.megatron_train import build_gpt
 cfg = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=False)
 m = build_gpt(cfg, 1)

@@ -3,8 +3,8 @@ import os, re, subprocess, sys
 import torch
 from pathlib import Path
 import pytest
-from scope_nb import models
-from scope_nb.models import ModelNotFound, PackagedModel, generate_chat, load_causal_lm, model_path, packaged_model
+from scope_nb.core import models
+from scope_nb.core.models import ModelNotFound, PackagedModel, generate_chat, load_causal_lm, model_path, packaged_model
 
 SCOPE = str(Path(sys.executable).parent / "scope")
 LOADED = re.compile(r"\[smollm2\] loaded from (\w+) in ([\d.]+)s model-load time")
@@ -34,7 +34,7 @@ def test_scope_info_chat_caches_a_fast_copy(tmp_path):
 
 def test_first_load_hands_out_the_cached_folder(tmp_path, monkeypatch):
     "On a fresh cache the first load dequantises the GGUF file, and its `path` is already the saved HF folder: what vLLM is started from (hf_folder)."
-    from scope_nb.vllm_engine import hf_folder
+    from scope_nb.users.vllm_engine import hf_folder
     monkeypatch.setenv("SCOPE_NB_CACHE", str(tmp_path))
     folder = hf_folder("smollm2")   # the first use on this machine
     assert folder.is_dir() and (folder / "config.json").exists() and folder.parent == tmp_path / "hf", folder
@@ -78,8 +78,8 @@ def test_load_from_path(tmp_path):
 
 def test_hub_ids_load_from_the_local_hf_cache_and_fail_clearly_when_absent(tmp_path, monkeypatch):
     "A GPU node's agent is a hub id (`org/name`): it resolves through the Hugging Face cache, never the network."
-    from scope_nb.config import ConfigError, load_config
-    from scope_nb.specs import build_speaker, check_spec, kind_of
+    from scope_nb.train.config import ConfigError, load_config
+    from scope_nb.train.specs import build_speaker, check_spec, kind_of
     lm = load_causal_lm("smollm2")   # the packaged model's safetensors copy stands in for a downloaded hub model
     src = next(Path(models.cache_dir(), "hf").glob("smollm2-*"))
     snap = tmp_path / "hub" / "models--scope-test--tiny-chat" / "snapshots" / "0123abcd"
@@ -117,9 +117,9 @@ def test_a_hub_id_without_network_fails_before_training_naming_what_to_do(tmp_pa
 
 def test_a_saved_model_folder_loads_and_trains(tmp_path):
     "A local folder written with save_pretrained (what a GPU user copies from a hub snapshot) is a model spec."
-    from scope_nb.specs import build_speaker
-    from scope_nb.training import tiny_policy
-    from scope_nb.lab import LAB_VOCAB
+    from scope_nb.train.specs import build_speaker
+    from scope_nb.core.policy import tiny_policy
+    from scope_nb.envs.lab import LAB_VOCAB
     pol = tiny_policy(LAB_VOCAB, hidden=16, layers=1, seed=3, name="agent", trainable=True, temperature=1.0, max_new_tokens=2)
     pol.model.save_pretrained(tmp_path / "m")
     pol.tok.save_pretrained(tmp_path / "m")

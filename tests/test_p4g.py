@@ -1,7 +1,7 @@
 """Persuasion for Good: donation parsing (table-driven), reward clamp, splits, and evaluation on the test split only."""
 import pytest
-from scope_nb.core import Conversation
-from scope_nb.p4g import P4GEnv, episode_donation, p4g_reward, parse_donation
+from scope_nb.core.dialogue import Conversation
+from scope_nb.envs.p4g import P4GEnv, episode_donation, p4g_reward, parse_donation
 
 CASES = [
     ("[DONATE 2]", 2.0), ("[DONATE $2]", 2.0), ("[GIVE $.50]", 0.5), ("[give $0.5]", 0.5), ("[Donate $1.25]", 1.25),
@@ -39,16 +39,16 @@ def test_reward_clamp(donation, reward):
 
 
 def test_evaluation_never_draws_a_training_persona(tmp_path):
-    from scope_nb.config import load_config
-    from scope_nb.core import ScriptedSpeaker
-    from scope_nb.run import evaluate
+    from scope_nb.train.config import load_config
+    from scope_nb.core.dialogue import ScriptedSpeaker
+    from scope_nb.train.run import evaluate
     env = P4GEnv(max_turns=1)
     train = {t.data["persuadee_id"] for t in env.tasks("train")}
     cfg = load_config(overrides=["env.name='echo'", "eval.tasks=100", "eval.samples=2"])
     agent, user = ScriptedSpeaker(lambda m: "Would you donate?", "a"), ScriptedSpeaker(lambda m: "[DONATE $1]", "u")
-    from scope_nb.config import PanelEntry
+    from scope_nb.train.config import PanelEntry
     out = evaluate(cfg, env, agent, [(PanelEntry(name="u", model="scripted:echo"), user)], 0, tmp_path)
-    from scope_nb.files import read_jsonl
+    from scope_nb.core.files import read_jsonl
     eps = read_jsonl(tmp_path / "eval" / "step_000000" / "u.jsonl")
     assert eps and not {e.task_id.split("/")[1] for e in eps} & train
     assert out["eval/u/reward"] == 0.5
@@ -74,9 +74,9 @@ def _convokit_corpus(d, n_persuaders=3, n_persuadees=12):
 def test_p4g_trains_and_evaluates_on_a_convokit_corpus_with_prompt_templates(tmp_path):
     "env.corpus and env.prompts: the run's tasks come from the corpus (eval from its test split), the models receive the templates."
     import json
-    from scope_nb.config import ConfigError, load_config
-    from scope_nb.models import load_causal_lm
-    from scope_nb.run import train
+    from scope_nb.train.config import ConfigError, load_config
+    from scope_nb.core.models import load_causal_lm
+    from scope_nb.train.run import train
     corpus = _convokit_corpus(tmp_path / "corpus")
     prompts = tmp_path / "prompts"
     prompts.mkdir()

@@ -3,8 +3,8 @@ import json, os, random, signal, subprocess, sys, time
 from pathlib import Path
 import pytest
 from conftest import ROOT
-from scope_nb.config import load_config
-from scope_nb.run import read_metrics, train
+from scope_nb.train.config import load_config
+from scope_nb.train.run import read_metrics, train
 
 SCOPE = str(Path(sys.executable).parent / "scope")
 ECHO = str(ROOT / "configs" / "echo_tiny.toml")
@@ -85,8 +85,8 @@ def _boom(messages):
 
 def test_failure_budget_stops_a_run_whose_simulator_always_fails(tmp_path):
     "Every training episode failing (a broken simulator) stops the run at step 1 with the error, never trains on it."
-    from scope_nb.run import RunFailed
-    from scope_nb.specs import SCRIPTED_FNS
+    from scope_nb.train.run import RunFailed
+    from scope_nb.train.specs import SCRIPTED_FNS
     SCRIPTED_FNS["boom"] = _boom
     try:
         panel = "eval.panel=[{name='echo', model='scripted:echo', seen=true}]"   # evaluation works, training does not
@@ -109,8 +109,8 @@ def test_failure_budget_stops_a_run_whose_simulator_always_fails(tmp_path):
 
 def test_a_non_finite_update_stops_the_run_before_anything_is_saved(tmp_path, monkeypatch):
     "A NaN loss (injected into the real trainer's result) stops the run naming the step; no checkpoint is written."
-    from scope_nb.grpo import GRPOTrainer
-    from scope_nb.run import RunFailed
+    from scope_nb.train.grpo import GRPOTrainer
+    from scope_nb.train.run import RunFailed
     real = GRPOTrainer.step
     def nan_at_3(self, items):
         st = real(self, items)
@@ -161,7 +161,7 @@ def test_resume_with_changed_settings_records_them_in_config_toml(tmp_path):
 
 def test_metrics_readers_name_the_file_and_line_of_a_foreign_row(tmp_path):
     "Garbage, a row without a step, and a foreign row appended out of order each fail naming file:line; a torn end is fine."
-    from scope_nb.crash_safety import MetricsError
+    from scope_nb.train.crash_safety import MetricsError
     m = tmp_path / "metrics.jsonl"
     good = "".join(json.dumps({"step": s, "eval/mean": 0.1 * s}) + "\n" for s in range(4))
     for bad, line, why in (('{"step": 4, "eval/me', 5, None), ("not json\n" + '{"step": 9}\n', 5, "not a JSON line"),

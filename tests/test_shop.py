@@ -5,9 +5,9 @@ import json, subprocess, sys, time
 from pathlib import Path
 import numpy as np
 import pytest
-from scope_nb.shop import SHOP_FAMILIES, label_concern, shop_speaker, CONCERNS
-from scope_nb.shop_measure import measure_family, run_measurement
-from scope_nb.sim_modes import Servers
+from scope_nb.envs.shop import SHOP_FAMILIES, label_concern, shop_speaker, CONCERNS
+from scope_nb.experiments.shop_measure import measure_family, run_measurement
+from scope_nb.users.modes import Servers
 
 SCOPE = str(Path(sys.executable).parent / "scope")
 
@@ -73,7 +73,7 @@ def test_llm_collapse_two_step_smoke(tmp_path):
 def test_vs_reference_smoke(tmp_path):
     """The registered VS-reference measurement at tiny sizes on the real servers: every comparison row and a verdict are
     written, and a second call reuses the measurement."""
-    from scope_nb.vs_reference import run_vs_reference
+    from scope_nb.experiments.vs_reference import run_vs_reference
     heard = []
     res = run_vs_reference(tmp_path, echo=heard.append, families=("fashion-fixed",), n_ref=8, n_plain=6, vs_calls=2, B=50)
     assert [h.split(": ")[2].split(" (")[0] for h in heard[:4]] == [
@@ -136,7 +136,7 @@ def test_llm_collapse_rl_single_trains_on_vllm(tmp_path):
     """RL (Single) against the collapsed customer (`fashion-fixed`), the SmolLM2 agent generating on the real vLLM
     server (CPU build), 2 seeds x 20 steps: the training-inference gap stays below 1e-3 at every step (float32 on both
     sides) and training reward rises beyond the seed spread, the full run's criterion for the local path."""
-    from scope_nb.vllm_engine import vllm_python
+    from scope_nb.users.vllm_engine import vllm_python
     if vllm_python() is None:
         pytest.fail("vLLM is not installed: `make venv` (scope vllm install) puts it in .venv/engines/vllm")
     out = tmp_path / "exp"

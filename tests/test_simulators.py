@@ -4,9 +4,9 @@ import json, os, subprocess, sys
 from pathlib import Path
 import pytest
 from faultproxy import FaultProxy
-from scope_nb.llama_server import LlamaServer
-from scope_nb.simulators import ApiConfig, ApiSpeaker, Verbalized
-from scope_nb.core import Request
+from scope_nb.users.llama_server import LlamaServer
+from scope_nb.users.simulators import ApiConfig, ApiSpeaker, Verbalized
+from scope_nb.core.dialogue import Request
 
 SCOPE = str(Path(sys.executable).parent / "scope")
 MSGS = [{"role": "system", "content": "You are a busy person. Reply in one short sentence."},

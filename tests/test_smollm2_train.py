@@ -4,10 +4,10 @@ import pytest
 from pathlib import Path
 import torch
 from conftest import ROOT
-from scope_nb.core import Conversation, Request
-from scope_nb.models import load_causal_lm
-from scope_nb.crash_safety import read_metrics, latest_checkpoint
-from scope_nb.training import LocalPolicy, TokenStream, token_logprobs
+from scope_nb.core.dialogue import Conversation, Request
+from scope_nb.core.models import load_causal_lm
+from scope_nb.train.crash_safety import read_metrics, latest_checkpoint
+from scope_nb.core.policy import LocalPolicy, TokenStream, token_logprobs
 
 SCOPE = str(Path(sys.executable).parent / "scope")
 
@@ -57,10 +57,10 @@ def test_smollm2_grpo_on_vllm_resumes_after_kill_9_with_identical_metrics(tmp_pa
     an update moved them; float32 gap < 1e-3; per-episode seeds, `agent.seeding = 'episode'`; an entropy bonus so that
     every update moves the weights, whatever the rewards); then the same run by the CLI, killed with SIGKILL after its
     step-1 row and resumed on a fresh server: the same tokens and the same metrics, step for step."""
-    from scope_nb.config import load_config
-    from scope_nb.run import train
-    from scope_nb.sim_modes import Servers
-    from scope_nb.vllm_engine import vllm_python
+    from scope_nb.train.config import load_config
+    from scope_nb.train.run import train
+    from scope_nb.users.modes import Servers
+    from scope_nb.users.vllm_engine import vllm_python
     if vllm_python() is None:
         pytest.fail("vLLM is not installed: `make venv` (scope vllm install) puts it in .venv/engines/vllm")
     cfg = str(ROOT / "configs" / "smoke_smollm2.toml")

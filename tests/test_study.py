@@ -5,8 +5,8 @@ import asyncio, json, os, signal, subprocess, sys, time
 from pathlib import Path
 import httpx
 import pytest
-from scope_nb.core import free_port
-from scope_nb.llama_server import LlamaServer
+from scope_nb.core.dialogue import free_port
+from scope_nb.users.llama_server import LlamaServer
 from scope_nb.study.store import P4G_ITEMS, TAU2_ITEMS
 
 SECRET, TOKEN = "test-secret", "test-admin-token"

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from scope_nb.core import free_port
+from scope_nb.core.dialogue import free_port
 from scope_nb.study.app import create_app
 from scope_nb.study.store import ARMS, P4G_ITEMS, Store, study_config
 from scripted_endpoint import Scripted
@@ -108,7 +108,7 @@ def test_new_sessions_are_rate_limited_per_address(tmp_path, ep, env):
 
 
 def test_study_config_is_checked_before_serving(tmp_path, ep, env):
-    from scope_nb.core import ConfigError
+    from scope_nb.core.dialogue import ConfigError
     with pytest.raises(ConfigError, match=r"task_types.p4g: no task '9999' \(it has 0-"):
         create_app(_cfg(tmp_path, ep, task_types={"p4g": ["0", "9999"]}))
     with pytest.raises(ConfigError, match=r"task_types.tau2-retail: no task 'nope'"):

@@ -5,7 +5,7 @@ OpenAI-compatible endpoint of `test_study_faults` (the store, not the model, is 
 import glob, os, pwd, shutil, subprocess, tempfile
 from types import SimpleNamespace
 import pytest
-from scope_nb.core import free_port
+from scope_nb.core.dialogue import free_port
 from test_study import check_durable, run_with_a_kill, write_config
 from scripted_endpoint import Scripted
 

@@ -1,7 +1,7 @@
 """τ²-bench through our environment: gold replays score 1 with tau2's evaluator, a dropped write scores 0, and a real
 SmolLM2 agent against a SmolLM2 customer served locally runs to completion."""
 import pytest
-from scope_nb.tau2 import Tau2Airline, Tau2Retail, gold_changes_db, replay
+from scope_nb.envs.tau2 import Tau2Airline, Tau2Retail, gold_changes_db, replay
 
 
 @pytest.mark.parametrize("cls", [Tau2Retail, Tau2Airline], ids=["retail", "airline"])
@@ -21,10 +21,10 @@ def test_gold_replay_of_every_test_task(cls):
 
 
 def test_smollm2_agent_and_customer_run_a_retail_episode():
-    from scope_nb.specs import UserSettings
-    from scope_nb.rollout import rollout
-    from scope_nb.sim_modes import Servers
-    from scope_nb.specs import build_speaker
+    from scope_nb.train.specs import UserSettings
+    from scope_nb.train.rollout import rollout
+    from scope_nb.users.modes import Servers
+    from scope_nb.train.specs import build_speaker
     env = Tau2Retail(max_turns=3)
     with Servers() as servers:
         agent = build_speaker("smollm2", UserSettings(model="smollm2", temperature=0.7, max_new_tokens=48), env, "agent", 0)

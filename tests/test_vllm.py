@@ -4,9 +4,9 @@ output changes and comes back; no stale prefix cache), LoRA adapters loaded, use
 import copy
 import pytest
 import torch
-from scope_nb.models import load_causal_lm
-from scope_nb.training import token_logprobs
-from scope_nb.vllm_engine import VLLMEngine, VLLMError, VLLMServer, vllm_python
+from scope_nb.core.models import load_causal_lm
+from scope_nb.core.policy import token_logprobs
+from scope_nb.users.vllm_engine import VLLMEngine, VLLMError, VLLMServer, vllm_python
 
 
 @pytest.fixture(scope="module")

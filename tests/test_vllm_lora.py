@@ -3,13 +3,13 @@ the simulator's pool entries on one server, and self-play with one adapter in bo
 import math
 import pytest
 from conftest import ROOT
-from scope_nb.crash_safety import read_metrics, latest_checkpoint
+from scope_nb.train.crash_safety import read_metrics, latest_checkpoint
 
 
 def _spy(monkeypatch):
     "The real engine, spied on: the engines the run made and the model or adapter each generation request named."
-    from scope_nb.sim_modes import Servers
-    from scope_nb.vllm_engine import VLLMEngine, vllm_python
+    from scope_nb.users.modes import Servers
+    from scope_nb.users.vllm_engine import VLLMEngine, vllm_python
     if vllm_python() is None:
         pytest.fail("vLLM is not installed: `make venv` (scope vllm install) puts it in .venv/engines/vllm")
     engines, real = [], Servers.vllm
@@ -23,8 +23,8 @@ def test_lora_population_co_training_on_one_vllm_engine(tmp_path, monkeypatch):
     """Population Co-Training with LoRA on both seats (SmolLM2): one vLLM server holds the base model, the agent's
     adapter (pushed after each update, float32 gap < 1e-3, truncated importance weights at 1) and the simulator's pool
     entries, each drawn by name; checkpoints hold adapters only."""
-    from scope_nb.config import load_config
-    from scope_nb.run import train
+    from scope_nb.train.config import load_config
+    from scope_nb.train.run import train
     engines, asked = _spy(monkeypatch)
     sets = [f"run.out_dir='{tmp_path}'", "run.name='lora-pool'", "grpo.lr=1e-4", "grpo.tis_cap=2.0", "eval.every=10",
             "agent.engine='vllm'", "agent.lora.rank=8", "agent.lora.alpha=16",
@@ -52,8 +52,8 @@ def test_lora_population_co_training_on_one_vllm_engine(tmp_path, monkeypatch):
 def test_lora_self_play_one_adapter_in_both_seats(tmp_path, monkeypatch):
     """Self-play with LoRA on vLLM: `user.model = 'same'` puts the agent's one adapter in both seats; every generation
     names it, its tokens of both roles train it (float32 gap < 1e-3), and the checkpoint holds that one adapter."""
-    from scope_nb.config import load_config
-    from scope_nb.run import train
+    from scope_nb.train.config import load_config
+    from scope_nb.train.run import train
     engines, asked = _spy(monkeypatch)
     sets = [f"run.out_dir='{tmp_path}'", "run.name='lora-sp'", "grpo.lr=1e-4", "eval.every=10", "agent.engine='vllm'",
             "agent.lora.rank=8", "agent.lora.alpha=16", "user.model='same'", "user.train=true"]

@@ -7,7 +7,7 @@ import json, random, re, subprocess, sys, threading, urllib.error, urllib.reques
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 import pytest
-from scope_nb.llama_server import LlamaServer
+from scope_nb.users.llama_server import LlamaServer
 
 AGENT_LINES = ["Would you like to try it?", "Can I interest you in this?", "It only takes a minute, yes?"]
 VS = '{"responses": [{"text": "Yes, sure.", "probability": 0.6}, {"text": "No, thanks.", "probability": 0.4}]}'
@@ -106,8 +106,8 @@ def test_simulate_vs_never_enters_a_vs_answer_raw(tmp_path, endpoint):
 
 
 def test_a_training_run_against_the_misbehaving_endpoint_trains_on_clean_turns(tmp_path, endpoint):
-    from scope_nb.config import load_config
-    from scope_nb.run import train
+    from scope_nb.train.config import load_config
+    from scope_nb.train.run import train
     cfg = load_config(overrides=[f"run.out_dir='{tmp_path}'", "run.name='g'", "run.steps=2", "env.name='echo'",
                                  "agent.model='tiny'", "user.model='api:user'", "user.mode='vs'", "user.vs.n=2",
                                  f"user.api.base_url='{endpoint.url}'", "user.api.key_env=''", "user.max_new_tokens=32", "grpo.batch_tasks=4",

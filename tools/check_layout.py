@@ -1,29 +1,55 @@
-"""Notebook layout check: a module may import only modules exported by lower-numbered notebooks (or its own).
+"""Layout check: what may import what, between the subpackages and between the notebooks of one subpackage.
 
     python tools/check_layout.py [--root .]
 
-Each `nbs/NN_*.ipynb` names the module it exports (`#| default_exp`); every `import` of a `scope_nb` module in the
-library, lazy imports inside functions included, and every string naming one (a registry entry such as
-"scope_nb.p4g:P4GEnv", imported later by name) must point to a notebook numbered below the importer's; entry points
-the package declares in pyproject.toml must name modules that exist. Two
-notebooks may not share a number. Exit 1 with one line per violation.
+The library is split into subpackages whose order is the architecture (`PACKAGES`): a module may import modules of
+the packages its own package lists, and, inside its own package, only modules exported by lower-numbered notebooks.
+Each `nbs/<package>/NN_*.ipynb` names the module it exports (`#| default_exp`); every `import` of a `scope_nb` module
+in the library, lazy imports inside functions included, and every string naming one (a registry entry such as
+"scope_nb.envs.p4g:P4GEnv", imported later by name) counts; entry points the package declares in pyproject.toml must
+name modules that exist. Two notebooks may not share a number, and a notebook's folder must be its module's package.
+Exit 1 with one line per violation.
 
-`tools/layout_known.txt` lists the forward imports still being untangled, one `importer -> imported` per line; the
-check fails on any forward import not listed there, and on a listed one that no longer occurs (delete its line), so
-the list can only shrink."""
+`tools/layout_known.txt` lists the forward imports inside a package still being untangled, one `importer -> imported`
+per line; the check fails on any forward import not listed there, and on a listed one that no longer occurs (delete
+its line), so the list can only shrink. A forbidden import between packages cannot be listed: move the code."""
 import argparse, ast, json, re, sys
 from pathlib import Path
 
 
+# package -> the packages its modules may import (besides its own); the order is the architecture, bottom to top
+PACKAGES = {
+    "core": (),
+    "diagnostics": ("core",),
+    "users": ("core",),
+    "envs": ("core", "diagnostics", "users"),
+    "train": ("core", "diagnostics", "users", "envs"),
+    "experiments": ("core", "diagnostics", "users", "envs", "train"),
+    "scale": ("core", "diagnostics", "users", "envs", "train", "experiments"),
+    "study": ("core", "users", "envs", "experiments"),
+    "cli": ("core", "diagnostics", "users", "envs", "train", "experiments", "scale", "study"),
+}
+
+
+def notebooks(nbs: Path) -> list[Path]:
+    "Every numbered notebook, in any folder under `nbs`."
+    return sorted(p for p in nbs.rglob("[0-9][0-9]_*.ipynb") if ".ipynb_checkpoints" not in p.parts)
+
+
 def notebook_modules(nbs: Path) -> dict[str, tuple[int, str]]:
-    "module -> (lowest notebook number exporting it, notebook name)."
+    "module -> (lowest notebook number exporting it, notebook path relative to `nbs`)."
     out = {}
-    for p in sorted(nbs.glob("[0-9][0-9]_*.ipynb")):
+    for p in notebooks(nbs):
         src = "\n".join("".join(c["source"]) for c in json.loads(p.read_text())["cells"] if c["cell_type"] == "code")
         for m in re.findall(r"^#\|\s*default_exp\s+(\S+)", src, re.M):
             num = int(p.name[:2])
-            if m not in out or num < out[m][0]: out[m] = (num, p.name)
+            if m not in out or num < out[m][0]: out[m] = (num, str(p.relative_to(nbs)))
     return out
+
+
+def package_of(module: str) -> str:
+    "The subpackage a module belongs to ('' for a module at the top of scope_nb)."
+    return module.split(".")[0] if "." in module else ""
 
 
 def imports_of(py: Path, package: str, known) -> list[tuple[int, str]]:
@@ -64,19 +90,33 @@ def check(root: Path) -> list[str]:
     nbs, lib = root / "nbs", root / "scope_nb"
     mods, problems, known, seen = notebook_modules(nbs), [], known_forward(root), set()
     nums = {}
-    for p in sorted(nbs.glob("[0-9][0-9]_*.ipynb")): nums.setdefault(p.name[:2], []).append(p.name)
+    for p in notebooks(nbs): nums.setdefault(p.name[:2], []).append(str(p.relative_to(nbs)))
     problems += [f"notebooks share the number {n}: {', '.join(v)}" for n, v in nums.items() if len(v) > 1]
+    for m, (_, nb) in sorted(mods.items()):
+        pkg, folder = package_of(m), str(Path(nb).parent)
+        if pkg not in PACKAGES:
+            problems.append(f"nbs/{nb} exports {m}: every module lives in one of the packages {', '.join(PACKAGES)} "
+                            f"(or add its package to PACKAGES in tools/check_layout.py)")
+        elif folder != pkg:
+            problems.append(f"nbs/{nb} exports {m}: move the notebook to nbs/{pkg}/")
     for py in sorted(lib.rglob("*.py")):
         rel = py.relative_to(lib).with_suffix("")
         me = ".".join(rel.parts)
         if me not in mods: continue
         num, nb = mods[me]
+        mine = package_of(me)
         for line, m in imports_of(py, ".".join(rel.parts[:-1]), mods):
-            if m != me and mods[m][0] >= num:
+            if m == me: continue
+            theirs = package_of(m)
+            if theirs != mine and theirs not in PACKAGES.get(mine, ()):
+                may = ", ".join(PACKAGES.get(mine, ())) or "no other package"
+                problems.append(f"scope_nb/{rel}.py:{line} (nbs/{nb}) imports {m} (nbs/{mods[m][1]}): package {mine} may "
+                                f"import {may}; move the code to where it belongs")
+            elif theirs == mine and mods[m][0] >= num:
                 seen.add((me, m))
                 if (me, m) not in known:
-                    problems.append(f"scope_nb/{rel}.py:{line} ({nb}) imports {m} ({mods[m][1]}): a notebook may only import "
-                                    f"lower-numbered ones; move the code or renumber the notebooks")
+                    problems.append(f"scope_nb/{rel}.py:{line} (nbs/{nb}) imports {m} (nbs/{mods[m][1]}): inside a package "
+                                    f"a notebook may only import lower-numbered ones; move the code or renumber the notebooks")
     problems += [f"tools/layout_known.txt: {a} -> {b} no longer occurs; delete that line" for a, b in sorted(known - seen)]
     pyproject = root / "pyproject.toml"
     if pyproject.exists():
@@ -96,5 +136,5 @@ if __name__ == "__main__":
     for p in probs: print(p)
     n = len(known_forward(Path(ap.parse_args().root)))
     print(f"layout check: {len(probs)} problem(s)" if probs else
-          f"layout check: every import points to a lower-numbered notebook ({n} listed in tools/layout_known.txt)")
+          f"layout check: {len(PACKAGES)} packages, every import allowed ({n} forward import(s) listed in tools/layout_known.txt)")
     sys.exit(1 if probs else 0)

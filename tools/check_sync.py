@@ -52,5 +52,5 @@ if __name__ == "__main__":
     if problems:
         print("notebooks and library are out of sync:\n  " + "\n  ".join(problems), file=sys.stderr)
         sys.exit(1)
-    n_nbs = len(list((root / "nbs").glob("*.ipynb")))
+    n_nbs = len(list((root / "nbs").rglob("[0-9][0-9]_*.ipynb")))
     print(f"sync check: {n_nbs} notebooks clean and exported library up to date")

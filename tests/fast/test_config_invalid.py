@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from scope_nb import run as run_mod
-from scope_nb.config import Config, ConfigError, from_dict, load_config
-from scope_nb.core import settings_model
+from scope_nb.train import run as run_mod
+from scope_nb.train.config import Config, ConfigError, from_dict, load_config
+from scope_nb.core.dialogue import settings_model
 
 WRONG = {int: ["3", 1.5, True], float: ["0.5", True], bool: [1, "yes"], str: [5, ["x"]]}
 

@@ -1,8 +1,8 @@
 """CooperBench on the local sandbox, through the environment interface, on the shipped fixture tasks."""
 import json
-from scope_nb.cooperbench import CooperBenchEnv, ScriptedCoder, bash_call
-from scope_nb.core import ToolCall
-from scope_nb.rollout import rollout
+from scope_nb.envs.cooperbench import CooperBenchEnv, ScriptedCoder, bash_call
+from scope_nb.core.dialogue import ToolCall
+from scope_nb.train.rollout import rollout
 
 
 def _task(env, name):

@@ -2,9 +2,9 @@
 import json, math
 import pytest
 from hypothesis import given, settings, strategies as st, HealthCheck
-from scope_nb.core import Conversation, Message, ToolCall, Turn, ValidationError
-from scope_nb.episodes import Episode, RoleTrajectory, STATUSES
-from scope_nb.files import read_jsonl, write_jsonl
+from scope_nb.core.dialogue import Conversation, Message, ToolCall, Turn, ValidationError
+from scope_nb.core.episodes import Episode, RoleTrajectory, STATUSES
+from scope_nb.core.files import read_jsonl, write_jsonl
 
 finite = st.floats(allow_nan=False, allow_infinity=False)
 logprob = st.floats(max_value=0.0, allow_nan=False, allow_infinity=False)

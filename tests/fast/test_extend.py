@@ -11,9 +11,9 @@ PACKAGE = '''
 """coin_env: a coin-calling game and a user mode, shipped outside scope_nb."""
 import numpy as np
 from pydantic import Field
-from scope_nb.core import Conversation, Settings, Speaker
-from scope_nb.envs import Env, EnvState, Task
-from scope_nb.specs import UserMode
+from scope_nb.core.dialogue import Conversation, Settings, Speaker
+from scope_nb.envs.base import Env, EnvState, Task
+from scope_nb.train.specs import UserMode
 
 class CoinEnv(Env):
     "The user calls coins ('say heads tails'); the agent scores by repeating each call."

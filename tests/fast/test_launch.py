@@ -3,7 +3,7 @@ import os, subprocess, sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 import pytest
-from scope_nb.launch import launcher_scripts
+from scope_nb.scale.launch import launcher_scripts
 
 from conftest import ROOT
 LAUNCH = ROOT / "launch"
@@ -14,7 +14,7 @@ ENV.pop("OPENROUTER_API_KEY", None)
 def test_committed_launchers_match_the_registry():
     want = launcher_scripts()
     have = {p.name: p.read_text() for p in LAUNCH.glob("*--*.sh")}   # device_check.sh is not an experiment launcher
-    assert set(have) == set(want), "regenerate with: python -c 'from scope_nb.launch import write_launchers; write_launchers()'"
+    assert set(have) == set(want), "regenerate with: python -c 'from scope_nb.scale.launch import write_launchers; write_launchers()'"
     assert all(have[k] == want[k] for k in want)
     assert all(os.access(LAUNCH / k, os.X_OK) for k in want)
 
@@ -62,17 +62,17 @@ def test_launch_without_gpus_fails_with_clear_messages():
 
 
 def test_sglang_layout_files_match_the_plans():
-    from scope_nb.launch import layout_files
+    from scope_nb.scale.launch import layout_files
     have = {p.name: p.read_text() for p in (ROOT / "configs" / "sglang").glob("*.json")}
-    assert have == layout_files(), "regenerate configs/sglang from scope_nb.launch.layout_files()"
+    assert have == layout_files(), "regenerate configs/sglang from scope_nb.scale.launch.layout_files()"
 
 
 def test_every_plans_train_command_is_accepted_by_scope():
     "The trainer command each plan would start parses with the real `scope` parser into the Ray backend it describes."
-    from scope_nb.cli import _parser, backend_overrides
-    from scope_nb.config import BackendSection, apply_overrides
-    from scope_nb.launch import plan_launch
-    from scope_nb.experiments import EXPERIMENTS
+    from scope_nb.cli.commands import _parser, backend_overrides
+    from scope_nb.train.config import BackendSection, apply_overrides
+    from scope_nb.scale.launch import plan_launch
+    from scope_nb.experiments.registry import EXPERIMENTS
     seen = 0
     for e in EXPERIMENTS.values():
         for a in e.scales.get("gpu", (None, []))[1]:
@@ -116,8 +116,8 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 
 def test_run_plan_starts_waits_and_stops_only_its_processes(tmp_path):
     "A non-dry launch with stand-ins for Ray, SGLang and the trainer: engines awaited on /health, trainer's status returned, the rest stopped."
-    from scope_nb.core import free_port
-    from scope_nb.launch import _alive, plan_launch, run_plan
+    from scope_nb.core.dialogue import free_port
+    from scope_nb.scale.launch import _alive, plan_launch, run_plan
     plan = plan_launch("table1-tau2-retail", "co-training", out=str(tmp_path), gpus=2, base_port=free_port())
     for g in plan.groups: g.engine_ports = [free_port() for _ in g.gpus]
     py = sys.executable
@@ -141,8 +141,8 @@ def test_run_plan_starts_waits_and_stops_only_its_processes(tmp_path):
 
 
 def test_run_plan_names_the_log_of_an_engine_that_dies(tmp_path):
-    from scope_nb.core import free_port
-    from scope_nb.launch import plan_launch, run_plan
+    from scope_nb.core.dialogue import free_port
+    from scope_nb.scale.launch import plan_launch, run_plan
     plan = plan_launch("table1-tau2-retail", "rl-single", out=str(tmp_path), gpus=1, base_port=free_port())
     py = sys.executable
     plan.processes = [[py, "-c", "import time; time.sleep(600)"], [py, "-c", "import sys; sys.exit('no GPU')"], [py, "-c", "pass"]]

@@ -3,8 +3,8 @@ back (TensorBoard's event reader; the records of the W&B run file) and must equa
 import glob, json, math, struct, subprocess, sys
 from pathlib import Path
 from conftest import ROOT
-from scope_nb.config import load_config
-from scope_nb.run import read_metrics, train
+from scope_nb.train.config import load_config
+from scope_nb.train.run import read_metrics, train
 
 ECHO = str(ROOT / "configs" / "echo_tiny.toml")
 
@@ -68,7 +68,7 @@ def test_a_logger_that_is_not_installed_fails_before_the_run(tmp_path):
     code = ("import sys; sys.modules['wandb'] = None\n"
             "import importlib.util; real = importlib.util.find_spec\n"
             "importlib.util.find_spec = lambda n, *a: None if n == 'wandb' else real(n, *a)\n"
-            "from scope_nb.cli import main; sys.exit(main(sys.argv[1:]))")
+            "from scope_nb.cli.commands import main; sys.exit(main(sys.argv[1:]))")
     p = subprocess.run([sys.executable, "-c", code, "train", ECHO, "--set", f"run.out_dir='{tmp_path}'",
                         "--set", 'run.loggers=["jsonl", "wandb"]', "--no-progress"], capture_output=True, text=True,
                        timeout=600)

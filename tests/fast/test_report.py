@@ -2,8 +2,8 @@
 import subprocess, sys
 from pathlib import Path
 from conftest import ROOT
-from scope_nb.config import load_config
-from scope_nb.run import train
+from scope_nb.train.config import load_config
+from scope_nb.train.run import train
 
 SCOPE = str(Path(sys.executable).parent / "scope")
 

@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 import torch
 from fake_sglang import FakeSGLang
-from scope_nb.grpo import GRPOConfig, GRPOTrainer, role_items
-from scope_nb.lab import LAB_VOCAB, LabEnv, LabSimulator
-from scope_nb.rollout import rollout
-from scope_nb.sglang_client import SGLangEngine, SGLangError
-from scope_nb.training import token_logprobs, tiny_policy
+from scope_nb.train.grpo import GRPOConfig, GRPOTrainer, role_items
+from scope_nb.envs.lab import LAB_VOCAB, LabEnv, LabSimulator
+from scope_nb.train.rollout import rollout
+from scope_nb.scale.sglang_client import SGLangEngine, SGLangError
+from scope_nb.core.policy import token_logprobs, tiny_policy
 
 
 def _policy():
@@ -179,7 +179,7 @@ def test_a_bf16_engine_is_not_bit_exact(tmp_path):
 
 def test_pool_opponent_plays_on_the_engine_loaded_from_the_entry_folder(setup, tmp_path):
     "Population Co-Training on engines: the simulator's engine loads the drawn pool entry from disk whenever the draw changes."
-    from scope_nb.sim_modes import CheckpointPool, PoolSpeaker
+    from scope_nb.users.modes import CheckpointPool, PoolSpeaker
     pol, fake = setup
     user = tiny_policy(LAB_VOCAB, hidden=32, layers=1, seed=7, name="user", trainable=True, temperature=1.0, max_new_tokens=2)
     pool = CheckpointPool(tmp_path / "pool", 5)
@@ -213,7 +213,7 @@ def test_weight_push_writes_once_in_the_compute_dtype_to_an_absolute_path(setup,
     "RayBackend._push_weights (the driver's write): safetensors in bfloat16 under mixed_precision = 'bf16' (half the bytes), absolute path, old pushes removed."
     from types import SimpleNamespace
     from safetensors import safe_open
-    from scope_nb.ray_backend import RayBackend
+    from scope_nb.scale.ray_backend import RayBackend
     pol, fake = setup
     monkeypatch.chdir(tmp_path)
     b = RayBackend.__new__(RayBackend)   # only the push path: no Ray cluster

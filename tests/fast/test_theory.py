@@ -1,6 +1,6 @@
 """The sampled estimators the training diagnostics use agree with the exact quantities of 00_theory."""
 import numpy as np
-from scope_nb.theory import (collapse_error, game_variance_split, random_game, random_simulator, random_theta,
+from scope_nb.diagnostics.theory import (collapse_error, game_variance_split, random_game, random_simulator, random_theta,
                              variance_split, DialogueGame)
 
 

@@ -2,7 +2,7 @@
 import json, math
 import numpy as np
 from hypothesis import example, given, settings, strategies as st, HealthCheck
-from scope_nb.verbalized import parse_vs, vs_draw, vs_weights, VSParse
+from scope_nb.users.verbalized import parse_vs, vs_draw, vs_weights, VSParse
 
 ERRORS = {"no_json", "no_responses", "no_valid_items"}
 prob_like = st.one_of(st.floats(-2, 2), st.integers(-3, 5), st.none(), st.just(float("nan")),

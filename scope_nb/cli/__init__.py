@@ -1,0 +1,1 @@
+"""The `scope` command and `scope info`."""

@@ -1,0 +1,1 @@
+"""Environments: the shared base, Persuasion for Good, tau2-bench, CooperBench, the CPU lab and the shop game."""

@@ -1,0 +1,1 @@
+"""The paper's experiments as registered configs, their runner, reports, measurements and pre-registered tests."""
