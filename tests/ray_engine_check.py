@@ -1,4 +1,4 @@
-"""Run inside a loopback-only network namespace (tests/test_ray.py): a lab run whose 2 Ray rollout workers generate on two
+"""Run inside a loopback-only network namespace (tests/integration/test_ray.py): a lab run whose 2 Ray rollout workers generate on two
 SGLang stand-ins (tests/fake_sglang.py, a real tiny model behind SGLang's endpoints); writes what the engines saw to argv[1]."""
 import copy, json, sys, warnings
 from pathlib import Path

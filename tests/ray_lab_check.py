@@ -1,4 +1,4 @@
-"""Run inside a loopback-only network namespace (tests/test_ray.py): runs single-process and on a local Ray cluster;
+"""Run inside a loopback-only network namespace (tests/integration/test_ray.py): runs single-process and on a local Ray cluster;
 writes each run's metric rows (without timings) as JSON to argv[1]/rows.json (argv[2]: optional comma-separated subset).
 
 - single / ray: lab RL (Single), 2 rollout workers and a one-rank torch trainer;

@@ -1,5 +1,5 @@
 """A scripted OpenAI-compatible /chat/completions endpoint on loopback, for the study tests that must inject a fault or
-a specific reply (tests/fast/test_study_faults.py, tests/test_study_hostile.py, tests/test_study_postgres.py)."""
+a specific reply (tests/fast/test_study_faults.py, tests/integration/test_study_hostile.py, tests/integration/test_study_postgres.py)."""
 import json, threading, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 from pydantic import BaseModel, ConfigDict
 from pydantic import ValidationError as PydanticValidationError
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['CHAT_ROLES', 'SPEAKERS', 'ValidationError', 'check', 'Settings', 'settings_model', 'settings_errors', 'ConfigError',
@@ -284,36 +285,6 @@ class Conversation:
     system: dict[str, str] = field(default_factory=dict)  # speaker -> system prompt
     turns: list[Turn] = field(default_factory=list)
 
-    def say(
-        self, speaker: str, content: str | None, tool_calls: list[ToolCall] | None = None, private: bool = False
-    ) -> Turn:
-        "Append what `speaker` said (`private`: only `speaker` sees it) and return the new turn."
-        t = Turn(speaker, Message("assistant", content, list(tool_calls or [])), private)
-        t.validate(_join("turns", len(self.turns)))
-        self.turns.append(t)
-        return t
-
-    def tool_result(self, speaker: str, call_id: str, content: str, name: str | None = None) -> Turn:
-        "Append the result of `speaker`'s tool call `call_id`."
-        t = Turn(speaker, Message("tool", content, tool_call_id=call_id, name=name))
-        t.validate(_join("turns", len(self.turns)))
-        self.turns.append(t)
-        return t
-
-    def view(self, speaker: str) -> list[dict]:
-        "Chat messages (OpenAI dicts) as `speaker` sees them: own turns as assistant, the other side's text as user."
-        them = other(speaker)
-        msgs = [{"role": "system", "content": self.system[speaker]}] if self.system.get(speaker) else []
-        for t in self.turns:
-            if t.speaker == speaker:
-                msgs.append(t.message.to_dict())
-            elif t.speaker == them and t.message.role == "assistant" and t.message.content and not t.private:
-                if msgs and msgs[-1]["role"] == "user" and "tool_call_id" not in msgs[-1]:
-                    msgs[-1] = {**msgs[-1], "content": msgs[-1]["content"] + "\n\n" + t.message.content}
-                else:
-                    msgs.append({"role": "user", "content": t.message.content})
-        return msgs
-
     def n_turns(self, speaker: str | None = None) -> int:
         "Number of things said (not tool results), optionally by one speaker."
         return sum(t.message.role == "assistant" and (speaker is None or t.speaker == speaker) for t in self.turns)
@@ -332,12 +303,48 @@ class Conversation:
         c.validate(path)
         return c
 
-    def validate(self, path: str = "conversation"):
-        for k, v in self.system.items():
-            check(k in SPEAKERS, _join(_join(path, "system"), k), "unknown speaker", f"use one of {SPEAKERS}")
-            check(isinstance(v, str), _join(_join(path, "system"), k), "system prompt must be a string")
-        for i, t in enumerate(self.turns):
-            t.validate(_join(_join(path, "turns"), i))
+# %% ../../nbs/core/01_dialogue.ipynb #aab5ba3c
+@patch
+def say(
+    self: Conversation,
+    speaker: str, content: str | None, tool_calls: list[ToolCall] | None = None, private: bool = False
+) -> Turn:
+    "Append what `speaker` said (`private`: only `speaker` sees it) and return the new turn."
+    t = Turn(speaker, Message("assistant", content, list(tool_calls or [])), private)
+    t.validate(_join("turns", len(self.turns)))
+    self.turns.append(t)
+    return t
+
+@patch
+def tool_result(self: Conversation, speaker: str, call_id: str, content: str, name: str | None = None) -> Turn:
+    "Append the result of `speaker`'s tool call `call_id`."
+    t = Turn(speaker, Message("tool", content, tool_call_id=call_id, name=name))
+    t.validate(_join("turns", len(self.turns)))
+    self.turns.append(t)
+    return t
+
+@patch
+def view(self: Conversation, speaker: str) -> list[dict]:
+    "Chat messages (OpenAI dicts) as `speaker` sees them: own turns as assistant, the other side's text as user."
+    them = other(speaker)
+    msgs = [{"role": "system", "content": self.system[speaker]}] if self.system.get(speaker) else []
+    for t in self.turns:
+        if t.speaker == speaker:
+            msgs.append(t.message.to_dict())
+        elif t.speaker == them and t.message.role == "assistant" and t.message.content and not t.private:
+            if msgs and msgs[-1]["role"] == "user" and "tool_call_id" not in msgs[-1]:
+                msgs[-1] = {**msgs[-1], "content": msgs[-1]["content"] + "\n\n" + t.message.content}
+            else:
+                msgs.append({"role": "user", "content": t.message.content})
+    return msgs
+
+@patch
+def validate(self: Conversation, path: str = "conversation"):
+    for k, v in self.system.items():
+        check(k in SPEAKERS, _join(_join(path, "system"), k), "unknown speaker", f"use one of {SPEAKERS}")
+        check(isinstance(v, str), _join(_join(path, "system"), k), "system prompt must be a string")
+    for i, t in enumerate(self.turns):
+        t.validate(_join(_join(path, "turns"), i))
 
 # %% ../../nbs/core/01_dialogue.ipynb #0b64cf2d
 _TOOL_RE = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
@@ -366,7 +373,7 @@ class Request:
     key: str = ""      # unique episode id in this rollout (seeds per-episode choices: personas, VS draws, rotation)
     group: int = 0     # index of the episode's group (task) in the batch
     sample: int = 0    # index of the episode within its group
-    persona: str | None = None   # the persona this episode's user plays (set by 23_modes.PersonaGuided)
+    context: dict = field(default_factory=dict)  # what a user mode adds for speakers that read fields, not prompts
 
 @dataclass
 class Reply:

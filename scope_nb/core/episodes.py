@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 from .dialogue import SPEAKERS, Conversation, check, _check_json, _is_int, _is_num, _join, _keys
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['STATUSES', 'LOGPROB_TOL', 'RoleTrajectory', 'Episode', 'Group', 'group_episodes']
@@ -49,43 +50,45 @@ class RoleTrajectory:
         t.validate(path)
         return t
 
-    def validate(self, path: str = "trajectory"):
-        f = lambda k: _join(path, k)
-        check(self.role in SPEAKERS, f("role"), f"{self.role!r} is not a speaker", f"use one of {SPEAKERS}")
-        for k in ("token_ids", "loss_mask", "logprobs"):
-            check(isinstance(getattr(self, k), list), f(k), "must be a list")
-        n = len(self.token_ids)
+# %% ../../nbs/core/04_episodes.ipynb #bbce0354
+@patch
+def validate(self: RoleTrajectory, path: str = "trajectory"):
+    f = lambda k: _join(path, k)
+    check(self.role in SPEAKERS, f("role"), f"{self.role!r} is not a speaker", f"use one of {SPEAKERS}")
+    for k in ("token_ids", "loss_mask", "logprobs"):
+        check(isinstance(getattr(self, k), list), f(k), "must be a list")
+    n = len(self.token_ids)
+    check(
+        len(self.loss_mask) == n,
+        f("loss_mask"),
+        f"length {len(self.loss_mask)} differs from token_ids length {n}",
+        "one mask entry per token",
+    )
+    check(
+        len(self.logprobs) == n,
+        f("logprobs"),
+        f"length {len(self.logprobs)} differs from token_ids length {n}",
+        "one logprob per token (0.0 where loss_mask is 0)",
+    )
+    for i, x in enumerate(self.token_ids):
+        check(_is_int(x) and x >= 0, f"{f('token_ids')}[{i}]", f"{x!r} is not a token id (int >= 0)")
+    for i, x in enumerate(self.loss_mask):
+        check(_is_int(x) and x in (0, 1), f"{f('loss_mask')}[{i}]", f"{x!r} is not 0 or 1")
+    for i, x in enumerate(self.logprobs):
         check(
-            len(self.loss_mask) == n,
-            f("loss_mask"),
-            f"length {len(self.loss_mask)} differs from token_ids length {n}",
-            "one mask entry per token",
+            _is_num(x) and x <= LOGPROB_TOL, f"{f('logprobs')}[{i}]", f"{x!r} is not a finite log-probability <= 0"
         )
-        check(
-            len(self.logprobs) == n,
-            f("logprobs"),
-            f"length {len(self.logprobs)} differs from token_ids length {n}",
-            "one logprob per token (0.0 where loss_mask is 0)",
-        )
-        for i, x in enumerate(self.token_ids):
-            check(_is_int(x) and x >= 0, f"{f('token_ids')}[{i}]", f"{x!r} is not a token id (int >= 0)")
-        for i, x in enumerate(self.loss_mask):
-            check(_is_int(x) and x in (0, 1), f"{f('loss_mask')}[{i}]", f"{x!r} is not 0 or 1")
-        for i, x in enumerate(self.logprobs):
-            check(
-                _is_num(x) and x <= LOGPROB_TOL, f"{f('logprobs')}[{i}]", f"{x!r} is not a finite log-probability <= 0"
-            )
-        check(self.status in STATUSES, f("status"), f"{self.status!r} is not a status", f"use one of {STATUSES}")
-        check(
-            self.reward is None or _is_num(self.reward), f("reward"), f"{self.reward!r} is not a finite number or None"
-        )
-        check(
-            not (self.status == "failed" and self.reward is not None),
-            f("reward"),
-            "a failed trajectory carries no reward",
-            "set reward=None; failed episodes are excluded, never scored 0",
-        )
-        check(self.model is None or isinstance(self.model, str), f("model"), "must be a string or None")
+    check(self.status in STATUSES, f("status"), f"{self.status!r} is not a status", f"use one of {STATUSES}")
+    check(
+        self.reward is None or _is_num(self.reward), f("reward"), f"{self.reward!r} is not a finite number or None"
+    )
+    check(
+        not (self.status == "failed" and self.reward is not None),
+        f("reward"),
+        "a failed trajectory carries no reward",
+        "set reward=None; failed episodes are excluded, never scored 0",
+    )
+    check(self.model is None or isinstance(self.model, str), f("model"), "must be a string or None")
 
 # %% ../../nbs/core/04_episodes.ipynb #6a20c73a
 @dataclass
@@ -115,20 +118,6 @@ class Episode:
         "info",
     )
 
-    def to_dict(self) -> dict:
-        return {
-            "task_id": self.task_id,
-            "group": self.group,
-            "sample": self.sample,
-            "step": self.step,
-            "status": self.status,
-            "error": self.error,
-            "rewards": dict(self.rewards),
-            "info": self.info,
-            "conversation": self.conversation.to_dict(),
-            "trajectories": {k: v.to_dict() for k, v in self.trajectories.items()},
-        }
-
     @classmethod
     def from_dict(cls, d: dict, path: str = "") -> Episode:
         _keys(d, path, ["task_id"], [k for k in cls._fields if k != "task_id"])
@@ -151,37 +140,54 @@ class Episode:
         e.validate(path)
         return e
 
-    def validate(self, path: str = ""):
-        f = lambda k: _join(path, k)
-        check(isinstance(self.task_id, str) and self.task_id != "", f("task_id"), "must be a non-empty string")
-        check(isinstance(self.group, str), f("group"), "must be a string")
-        check(_is_int(self.sample) and self.sample >= 0, f("sample"), f"{self.sample!r} is not an index >= 0")
+# %% ../../nbs/core/04_episodes.ipynb #73a9443d
+@patch
+def to_dict(self: Episode) -> dict:
+    return {
+        "task_id": self.task_id,
+        "group": self.group,
+        "sample": self.sample,
+        "step": self.step,
+        "status": self.status,
+        "error": self.error,
+        "rewards": dict(self.rewards),
+        "info": self.info,
+        "conversation": self.conversation.to_dict(),
+        "trajectories": {k: v.to_dict() for k, v in self.trajectories.items()},
+    }
+
+@patch
+def validate(self: Episode, path: str = ""):
+    f = lambda k: _join(path, k)
+    check(isinstance(self.task_id, str) and self.task_id != "", f("task_id"), "must be a non-empty string")
+    check(isinstance(self.group, str), f("group"), "must be a string")
+    check(_is_int(self.sample) and self.sample >= 0, f("sample"), f"{self.sample!r} is not an index >= 0")
+    check(
+        self.step is None or (_is_int(self.step) and self.step >= 0),
+        f("step"),
+        f"{self.step!r} is not a step >= 0 or None",
+    )
+    check(self.status in STATUSES, f("status"), f"{self.status!r} is not a status", f"use one of {STATUSES}")
+    check(self.error is None or isinstance(self.error, str), f("error"), "must be a string or None")
+    check(
+        self.status != "failed" or bool(self.error), f("error"), "a failed episode must say why", "set error='...'"
+    )
+    self.conversation.validate(f("conversation"))
+    for k, tr in self.trajectories.items():
+        check(k == tr.role, f"{f('trajectories')}.{k}.role", f"stored under {k!r} but role is {tr.role!r}")
+        tr.validate(_join(f("trajectories"), k))
+    check(isinstance(self.rewards, dict), f("rewards"), "must be an object {role: reward}")
+    for k, r in self.rewards.items():
+        check(k in SPEAKERS, _join(f("rewards"), k), "unknown role", f"use one of {SPEAKERS}")
+        check(r is None or _is_num(r), _join(f("rewards"), k), f"{r!r} is not a finite number or None")
         check(
-            self.step is None or (_is_int(self.step) and self.step >= 0),
-            f("step"),
-            f"{self.step!r} is not a step >= 0 or None",
+            not (self.status == "failed" and r is not None),
+            _join(f("rewards"), k),
+            "a failed episode carries no reward",
+            "set it to None; failed episodes are excluded, never scored 0",
         )
-        check(self.status in STATUSES, f("status"), f"{self.status!r} is not a status", f"use one of {STATUSES}")
-        check(self.error is None or isinstance(self.error, str), f("error"), "must be a string or None")
-        check(
-            self.status != "failed" or bool(self.error), f("error"), "a failed episode must say why", "set error='...'"
-        )
-        self.conversation.validate(f("conversation"))
-        for k, tr in self.trajectories.items():
-            check(k == tr.role, f"{f('trajectories')}.{k}.role", f"stored under {k!r} but role is {tr.role!r}")
-            tr.validate(_join(f("trajectories"), k))
-        check(isinstance(self.rewards, dict), f("rewards"), "must be an object {role: reward}")
-        for k, r in self.rewards.items():
-            check(k in SPEAKERS, _join(f("rewards"), k), "unknown role", f"use one of {SPEAKERS}")
-            check(r is None or _is_num(r), _join(f("rewards"), k), f"{r!r} is not a finite number or None")
-            check(
-                not (self.status == "failed" and r is not None),
-                _join(f("rewards"), k),
-                "a failed episode carries no reward",
-                "set it to None; failed episodes are excluded, never scored 0",
-            )
-        check(isinstance(self.info, dict), f("info"), "must be an object")
-        _check_json(self.info, f("info"))
+    check(isinstance(self.info, dict), f("info"), "must be an object")
+    _check_json(self.info, f("info"))
 
 # %% ../../nbs/core/04_episodes.ipynb #1fdaf054
 @dataclass

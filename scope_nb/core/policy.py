@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from .dialogue import parse_tool_calls, Reply, Sample, Speaker
 from .episodes import RoleTrajectory
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['TINY_SPECIALS', 'TINY_TEMPLATE', 'sample_batch', 'pad_right', 'scores_from_logits', 'token_logprobs', 'first_scored',
@@ -215,63 +216,65 @@ class LocalPolicy(Speaker):
     def encode(self, text: str) -> list[int]:
         return self.tok.encode(text, add_special_tokens=False) if text else []
 
-    def respond(self, requests, temperature=None):
-        T = self.temperature if temperature is None else temperature
-        streams = [r.stream if r.stream is not None else TokenStream() for r in requests]
-        prompts, texts = [], []
-        for r, s in zip(requests, streams):
-            full = self.render(r.messages, True, r.tools)
-            # what the stream already holds ends with this role's last own message; everything after it is new context
-            last = max((i for i, m in enumerate(r.messages) if m["role"] == "assistant"), default=None)
-            before = self.render(r.messages[: last + 1], False, r.tools) if (s.ids and last is not None) else ""
-            new = self.encode(_delta(before, full, "new context"))
-            s._add(new, 0, [0.0] * len(new))
-            prompts.append(s.ids)
-            texts.append(full)
-        gens, seeds = None, None
-        if self.history_seeded:  # the agent randomness ξπ of Eq. 6: fixed per group, independent across histories
-            gens = [
-                torch.Generator().manual_seed(zlib.crc32(f"{self.seed}|{r.key.rsplit('/', 1)[0]}|{p}".encode()))
-                for r, p in zip(requests, prompts)
-            ]
-        elif self.episode_seeded:
-            gens = [
-                torch.Generator().manual_seed(zlib.crc32(f"{self._step_seed}|{r.key}|{p}".encode()))
-                for r, p in zip(requests, prompts)
-            ]
-        if gens is not None:  # an engine gets the same per-request seeds as integers
-            seeds = [int(torch.randint(0, 2**31 - 1, (), generator=g)) for g in gens]
-        if self.engine is not None:  # a rollout engine (vLLM, SGLang): token ids in, token ids and logprobs out
-            if hasattr(self.engine, "sync"):
-                self.engine.sync(self)  # the engine serves this policy's current weights
-            samples = self.engine.generate(prompts, self.max_new_tokens, T, self.eos_ids, seeds=seeds)
+# %% ../../nbs/core/30_training.ipynb #42a2bbb9
+@patch
+def respond(self: LocalPolicy, requests, temperature=None):
+    T = self.temperature if temperature is None else temperature
+    streams = [r.stream if r.stream is not None else TokenStream() for r in requests]
+    prompts, texts = [], []
+    for r, s in zip(requests, streams):
+        full = self.render(r.messages, True, r.tools)
+        # what the stream already holds ends with this role's last own message; everything after it is new context
+        last = max((i for i, m in enumerate(r.messages) if m["role"] == "assistant"), default=None)
+        before = self.render(r.messages[: last + 1], False, r.tools) if (s.ids and last is not None) else ""
+        new = self.encode(_delta(before, full, "new context"))
+        s._add(new, 0, [0.0] * len(new))
+        prompts.append(s.ids)
+        texts.append(full)
+    gens, seeds = None, None
+    if self.history_seeded:  # the agent randomness ξπ of Eq. 6: fixed per group, independent across histories
+        gens = [
+            torch.Generator().manual_seed(zlib.crc32(f"{self.seed}|{r.key.rsplit('/', 1)[0]}|{p}".encode()))
+            for r, p in zip(requests, prompts)
+        ]
+    elif self.episode_seeded:
+        gens = [
+            torch.Generator().manual_seed(zlib.crc32(f"{self._step_seed}|{r.key}|{p}".encode()))
+            for r, p in zip(requests, prompts)
+        ]
+    if gens is not None:  # an engine gets the same per-request seeds as integers
+        seeds = [int(torch.randint(0, 2**31 - 1, (), generator=g)) for g in gens]
+    if self.engine is not None:  # a rollout engine (vLLM, SGLang): token ids in, token ids and logprobs out
+        if hasattr(self.engine, "sync"):
+            self.engine.sync(self)  # the engine serves this policy's current weights
+        samples = self.engine.generate(prompts, self.max_new_tokens, T, self.eos_ids, seeds=seeds)
+    else:
+        samples = sample_batch(
+            self.model, prompts, self.max_new_tokens, T, self.eos_ids, self.pad_id, self.generator, gens
+        )
+    replies = []
+    for r, s, smp, prompt_text in zip(requests, streams, samples, texts):
+        gen_ids = smp.ids[:-1] if smp.eos else smp.ids
+        text = self.tok.decode(gen_ids, skip_special_tokens=True)
+        content, calls = parse_tool_calls(text, r.turn)
+        s._add(smp.ids, 1, smp.logprobs)
+        own = {"role": "assistant", "content": content}
+        if calls:
+            own["tool_calls"] = [c.to_dict() for c in calls]
+        after = self.render(r.messages + [own], False, r.tools)
+        rendered_own = _delta(prompt_text, after, "own reply")
+        gen_text = self.tok.decode(smp.ids, skip_special_tokens=False)
+        if rendered_own.startswith(gen_text):
+            suffix = rendered_own[len(gen_text) :]
+        # the template reformats the reply (tool calls, stripping): close it with the template's end-of-turn text
         else:
-            samples = sample_batch(
-                self.model, prompts, self.max_new_tokens, T, self.eos_ids, self.pad_id, self.generator, gens
-            )
-        replies = []
-        for r, s, smp, prompt_text in zip(requests, streams, samples, texts):
-            gen_ids = smp.ids[:-1] if smp.eos else smp.ids
-            text = self.tok.decode(gen_ids, skip_special_tokens=True)
-            content, calls = parse_tool_calls(text, r.turn)
-            s._add(smp.ids, 1, smp.logprobs)
-            own = {"role": "assistant", "content": content}
-            if calls:
-                own["tool_calls"] = [c.to_dict() for c in calls]
-            after = self.render(r.messages + [own], False, r.tools)
-            rendered_own = _delta(prompt_text, after, "own reply")
-            gen_text = self.tok.decode(smp.ids, skip_special_tokens=False)
-            if rendered_own.startswith(gen_text):
-                suffix = rendered_own[len(gen_text) :]
-            # the template reformats the reply (tool calls, stripping): close it with the template's end-of-turn text
-            else:
-                eos_text = self.tok.decode(self.eos_ids[:1]) if self.eos_ids else ""
-                cut = rendered_own.rfind(eos_text) if eos_text else -1
-                suffix = "" if cut < 0 else rendered_own[cut + (len(eos_text) if smp.eos else 0) :]
-            tail = self.encode(suffix)
-            s._add(tail, 0, [0.0] * len(tail))
-            replies.append(Reply(content, calls, truncated=not smp.eos, n_tokens=len(smp.ids)))
-        return replies
+            eos_text = self.tok.decode(self.eos_ids[:1]) if self.eos_ids else ""
+            cut = rendered_own.rfind(eos_text) if eos_text else -1
+            suffix = "" if cut < 0 else rendered_own[cut + (len(eos_text) if smp.eos else 0) :]
+        tail = self.encode(suffix)
+        s._add(tail, 0, [0.0] * len(tail))
+        replies.append(Reply(content, calls, truncated=not smp.eos, n_tokens=len(smp.ids)))
+    return replies
 
 # %% ../../nbs/core/30_training.ipynb #6c7cdd64
 TINY_SPECIALS = ("<pad>", "<eos>", "<unk>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 import numpy as np
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['tv_distance', 'mode_of', 'collapse_error', 'mode_user', 'is_collapsed', 'sharpen', 'DialogueGame', 'random_game',
@@ -90,27 +91,6 @@ class DialogueGame:
     def n_params(self) -> int:
         return self.n_agent_states * self.n_agent
 
-    def policy(self, theta) -> np.ndarray:
-        "π_θ(a|s) for every agent state (softmax of the logits table)."
-        z = np.asarray(theta, float).reshape(self.n_agent_states, self.n_agent)
-        z = np.exp(z - z.max(1, keepdims=True))
-        return z / z.sum(1, keepdims=True)
-
-    def probs(self, theta, phi) -> np.ndarray:
-        "Exact trajectory law P^θ_φ(τ) over all trajectories."
-        pi, phi = self.policy(theta), np.asarray(phi, float)
-        return self.p0[self.task] * pi[self.s, self.a].prod(1) * phi[self.g, self.u].prod(1)
-
-    def scores(self, theta) -> np.ndarray:
-        "Score S_θ(τ) = Σ_t ∇_θ log π_θ(a_t|s_t) of every trajectory, shape (n_traj, n_params) (Eq. 10)."
-        pi = self.policy(theta)
-        S = np.zeros((self.n_traj, self.n_agent_states, self.n_agent))
-        idx = np.arange(self.n_traj)
-        for t in range(self.H):
-            S[idx, self.s[:, t]] -= pi[self.s[:, t]]
-            S[idx, self.s[:, t], self.a[:, t]] += 1
-        return S.reshape(self.n_traj, -1)
-
     def J(self, theta, phi) -> float:
         return float(self.probs(theta, phi) @ self.R)
 
@@ -122,11 +102,37 @@ class DialogueGame:
         "B = max_τ ‖S_θ(τ)‖ (the trajectory-score bound of Theorem 3.2)."
         return float(np.linalg.norm(self.scores(theta), axis=1).max())
 
-    def eps_bar(self, theta, phi, eps=None) -> float:
-        """Accumulated error E_{P^θ_φ}[Σ_t e(s_t,a_t)] (Eq. 4); `e` defaults to the collapse error ε_φ of each simulator
-        state."""
-        e = collapse_error(phi) if eps is None else np.asarray(eps, float)
-        return float(self.probs(theta, phi) @ e[self.g].sum(1))
+# %% ../../nbs/diagnostics/00_theory.ipynb #0984bcd2
+@patch
+def policy(self: DialogueGame, theta) -> np.ndarray:
+    "π_θ(a|s) for every agent state (softmax of the logits table)."
+    z = np.asarray(theta, float).reshape(self.n_agent_states, self.n_agent)
+    z = np.exp(z - z.max(1, keepdims=True))
+    return z / z.sum(1, keepdims=True)
+
+@patch
+def probs(self: DialogueGame, theta, phi) -> np.ndarray:
+    "Exact trajectory law P^θ_φ(τ) over all trajectories."
+    pi, phi = self.policy(theta), np.asarray(phi, float)
+    return self.p0[self.task] * pi[self.s, self.a].prod(1) * phi[self.g, self.u].prod(1)
+
+@patch
+def scores(self: DialogueGame, theta) -> np.ndarray:
+    "Score S_θ(τ) = Σ_t ∇_θ log π_θ(a_t|s_t) of every trajectory, shape (n_traj, n_params) (Eq. 10)."
+    pi = self.policy(theta)
+    S = np.zeros((self.n_traj, self.n_agent_states, self.n_agent))
+    idx = np.arange(self.n_traj)
+    for t in range(self.H):
+        S[idx, self.s[:, t]] -= pi[self.s[:, t]]
+        S[idx, self.s[:, t], self.a[:, t]] += 1
+    return S.reshape(self.n_traj, -1)
+
+@patch
+def eps_bar(self: DialogueGame, theta, phi, eps=None) -> float:
+    """Accumulated error E_{P^θ_φ}[Σ_t e(s_t,a_t)] (Eq. 4); `e` defaults to the collapse error ε_φ of each simulator
+    state."""
+    e = collapse_error(phi) if eps is None else np.asarray(eps, float)
+    return float(self.probs(theta, phi) @ e[self.g].sum(1))
 
 # %% ../../nbs/diagnostics/00_theory.ipynb #ecb83f70
 def random_game(

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 import numpy as np
 from ..core.dialogue import Conversation, ToolCall
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['COLOURS', 'ECHO_WORDS', 'ASK_TOPICS', 'ENTRY_POINTS', 'ENVS', 'Task', 'EnvState', 'Env', 'EchoEnv', 'AskEnv',
@@ -48,33 +49,8 @@ class Env:
     reward_range: tuple[float, float] = (0.0, 1.0)  # every reward lies here (register_env: within [0, 1])
     rewarded: tuple[str, ...] = ("agent", "user")  # the roles `reward` scores
 
-    def system(self, role: str, default: str, **values) -> str:
-        "`role`'s system prompt: the built-in `default`, or the role's template (env.prompts) filled with `values`."
-        t = self.templates.get(role)
-        return default if t is None else t.format_map(values)
-
-    def tasks(self, split: str = "train") -> list[Task]:
-        "The tasks of `split`, by default from `self._tasks` (split -> list of Task, built in `__init__`)."
-        tasks = getattr(self, "_tasks", None)
-        if not isinstance(tasks, dict):
-            name = type(self).__name__
-            raise NotImplementedError(f"{name}: set self._tasks = {{split: [Task, ...]}} or override tasks")
-        if split not in tasks:
-            raise ValueError(f"{self.name}: no split {split!r}; it has {', '.join(tasks)}")
-        return list(tasks[split])
-
     def reset(self, task: Task) -> EnvState: raise NotImplementedError
     def reward(self, state: EnvState) -> dict[str, float]: raise NotImplementedError
-
-    def score(self, state: EnvState) -> dict[str, float]:
-        "`reward(state)`, checked against `rewarded` and `reward_range`: a broken reward fails here, named."
-        r, (lo, hi) = self.reward(state), self.reward_range
-        for role in self.rewarded:
-            v = r.get(role) if isinstance(r, dict) else None
-            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not lo <= v <= hi:
-                raise ValueError(f"{self.name}.reward gave {role} {v!r} on task {state.task.id}: it must return a "
-                                 f"number in [{lo}, {hi}] for each of {', '.join(self.rewarded)}")
-        return r
 
     def alternate(self, state: EnvState, speaker: str) -> None:
         "Hand the turn to the other role (what most `_apply`s do after recording a reply)."
@@ -86,28 +62,59 @@ class Env:
         "Record the reply and set `state.next`; may end the episode with `state.next = None`."
         raise NotImplementedError
 
-    def apply(self, state: EnvState, speaker: str, content: str | None, tool_calls: list[ToolCall] | None = None):
-        """Apply `speaker`'s reply; ends the episode with outcome `max_turns` after the agent's last allowed turn is
-        answered."""
-        if state.done:
-            raise RuntimeError(f"{self.name}: episode {state.task.id} is over; reset a new one")
-        if speaker != state.next:
-            raise ValueError(f"{self.name}: expected a reply from {state.next!r}, got {speaker!r}")
-        if speaker == "agent":
-            state.agent_turns += 1
-        self._apply(state, speaker, content, list(tool_calls or []))
-        if state.done and state.outcome == "running":
-            state.outcome = "completed"
-        if not state.done and speaker == "user" and state.agent_turns >= self.max_turns:
-            state.next, state.outcome = None, "max_turns"
+# %% ../../nbs/envs/10_envs.ipynb #cd393004
+@patch
+def system(self: Env, role: str, default: str, **values) -> str:
+    "`role`'s system prompt: the built-in `default`, or the role's template (env.prompts) filled with `values`."
+    t = self.templates.get(role)
+    return default if t is None else t.format_map(values)
 
-    def sample_tasks(self, split: str, n: int, rng: np.random.Generator) -> list[Task]:
-        "n tasks from `split`, drawn without replacement while possible (deterministic given `rng`)."
-        pool = self.tasks(split)
-        if not pool:
-            raise ValueError(f"{self.name}: split {split!r} has no tasks")
-        idx = np.concatenate([rng.permutation(len(pool)) for _ in range(-(-n // len(pool)))])[:n]
-        return [pool[i] for i in idx]
+@patch
+def tasks(self: Env, split: str = "train") -> list[Task]:
+    "The tasks of `split`, by default from `self._tasks` (split -> list of Task, built in `__init__`)."
+    tasks = getattr(self, "_tasks", None)
+    if not isinstance(tasks, dict):
+        name = type(self).__name__
+        raise NotImplementedError(f"{name}: set self._tasks = {{split: [Task, ...]}} or override tasks")
+    if split not in tasks:
+        raise ValueError(f"{self.name}: no split {split!r}; it has {', '.join(tasks)}")
+    return list(tasks[split])
+
+@patch
+def score(self: Env, state: EnvState) -> dict[str, float]:
+    "`reward(state)`, checked against `rewarded` and `reward_range`: a broken reward fails here, named."
+    r, (lo, hi) = self.reward(state), self.reward_range
+    for role in self.rewarded:
+        v = r.get(role) if isinstance(r, dict) else None
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not lo <= v <= hi:
+            raise ValueError(f"{self.name}.reward gave {role} {v!r} on task {state.task.id}: it must return a "
+                             f"number in [{lo}, {hi}] for each of {', '.join(self.rewarded)}")
+    return r
+
+@patch
+def apply(self: Env, state: EnvState, speaker: str, content: str | None, tool_calls: list[ToolCall] | None = None):
+    """Apply `speaker`'s reply; ends the episode with outcome `max_turns` after the agent's last allowed turn is
+    answered."""
+    if state.done:
+        raise RuntimeError(f"{self.name}: episode {state.task.id} is over; reset a new one")
+    if speaker != state.next:
+        raise ValueError(f"{self.name}: expected a reply from {state.next!r}, got {speaker!r}")
+    if speaker == "agent":
+        state.agent_turns += 1
+    self._apply(state, speaker, content, list(tool_calls or []))
+    if state.done and state.outcome == "running":
+        state.outcome = "completed"
+    if not state.done and speaker == "user" and state.agent_turns >= self.max_turns:
+        state.next, state.outcome = None, "max_turns"
+
+@patch
+def sample_tasks(self: Env, split: str, n: int, rng: np.random.Generator) -> list[Task]:
+    "n tasks from `split`, drawn without replacement while possible (deterministic given `rng`)."
+    pool = self.tasks(split)
+    if not pool:
+        raise ValueError(f"{self.name}: split {split!r} has no tasks")
+    idx = np.concatenate([rng.permutation(len(pool)) for _ in range(-(-n // len(pool)))])[:n]
+    return [pool[i] for i in idx]
 
 # %% ../../nbs/envs/10_envs.ipynb #72d413a3
 COLOURS = ("red", "green", "blue")

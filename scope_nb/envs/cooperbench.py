@@ -8,6 +8,7 @@ import json, os, re, shutil, signal, subprocess, tempfile, zlib
 from pathlib import Path
 from ..core.dialogue import Conversation, Reply, Speaker, ToolCall
 from .base import Env, EnvState, Task
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['GIT_ENV', 'TOOLS', 'SETTINGS', 'cap_output', 'run_command', 'LocalSandbox', 'fixture_root', 'list_tasks',
@@ -228,81 +229,86 @@ class CooperBenchEnv(Env):
     def tools(self, state, role):
         return TOOLS if not state.data["done"].get(role) else None
 
-    def reset(self, task):
-        feats = [Path(f) for f in task.data["features"]]
-        md = [f.joinpath("feature.md").read_text() for f in feats]
-        roles = ("agent", "user") if self.setting == "coop" else ("agent",)
-        box = LocalSandbox(Path(task.data["task_dir"]) / "base", roles, self.command_timeout, self.output_cap)
-        if self.setting == "coop":
-            system = {
-                "agent": self.system("agent", _prompt(md[0], "coop", md[1]), feature=md[0], teammate_feature=md[1],
-                                     setting="coop"),
-                "user": self.system("user", _prompt(md[1], "coop", md[0]), feature=md[1], teammate_feature=md[0],
-                                    setting="coop"),
-            }
-        else:
-            f = "\n\n".join(md)
-            system = {"agent": self.system("agent", _prompt(f, self.setting), feature=f, teammate_feature="",
-                                           setting=self.setting)}
-        st = EnvState(task, Conversation(system=system))
-        st.data = {
-            "box": box,
-            "done": {r: False for r in roles},
-            "turns": {r: 0 for r in roles},
-            "features": feats,
-            "result": None,
+# %% ../../nbs/envs/13_cooperbench.ipynb #c4238551
+@patch
+def reset(self: CooperBenchEnv, task):
+    feats = [Path(f) for f in task.data["features"]]
+    md = [f.joinpath("feature.md").read_text() for f in feats]
+    roles = ("agent", "user") if self.setting == "coop" else ("agent",)
+    box = LocalSandbox(Path(task.data["task_dir"]) / "base", roles, self.command_timeout, self.output_cap)
+    if self.setting == "coop":
+        system = {
+            "agent": self.system("agent", _prompt(md[0], "coop", md[1]), feature=md[0], teammate_feature=md[1],
+                                 setting="coop"),
+            "user": self.system("user", _prompt(md[1], "coop", md[0]), feature=md[1], teammate_feature=md[0],
+                                setting="coop"),
         }
-        return st
+    else:
+        f = "\n\n".join(md)
+        system = {"agent": self.system("agent", _prompt(f, self.setting), feature=f, teammate_feature="",
+                                       setting=self.setting)}
+    st = EnvState(task, Conversation(system=system))
+    st.data = {
+        "box": box,
+        "done": {r: False for r in roles},
+        "turns": {r: 0 for r in roles},
+        "features": feats,
+        "result": None,
+    }
+    return st
 
-    def _apply(self, state, speaker, content, tool_calls):
-        d, box = state.data, state.data["box"]
-        msg = content
-        for c in tool_calls:
-            if c.name == "send_message":
-                try:
-                    msg = (msg + "\n" if msg else "") + str(c.args().get("text", ""))
-                except Exception:
-                    pass
-        state.conversation.say(speaker, msg, tool_calls)
-        d["turns"][speaker] += 1
-        talked = bool(msg)
-        for c in tool_calls:
+# %% ../../nbs/envs/13_cooperbench.ipynb #fc672f94
+@patch
+def _apply(self: CooperBenchEnv, state, speaker, content, tool_calls):
+    d, box = state.data, state.data["box"]
+    msg = content
+    for c in tool_calls:
+        if c.name == "send_message":
             try:
-                args = c.args()
-            except Exception as e:
-                state.conversation.tool_result(speaker, c.id, f"Error: invalid arguments: {e}", c.name)
-                continue
-            if c.name == "bash":
-                code, out = box.bash(speaker, str(args.get("command", "")))
-                res = out + ("" if code is None else f"\n[exit code {code}]")
-            elif c.name == "send_message":
-                res = "delivered" if self.setting == "coop" else "no teammate in this setting"
-            elif c.name == "finish":
-                d["done"][speaker] = True
-                res = "marked done"
-            else:
-                res = f"Error: unknown tool {c.name!r}; use bash, send_message or finish"
-            state.conversation.tool_result(speaker, c.id, res, c.name)
-        other = "user" if speaker == "agent" else "agent"
-        if all(d["done"].values()) or all(t >= self.max_turns for t in d["turns"].values()):
-            state.next = None
-            if not all(d["done"].values()):
-                state.outcome = "max_turns"
-        elif d["done"][speaker] or (talked and other in d["done"] and not d["done"][other]):
-            state.next = other if other in d["done"] and not d["done"][other] else speaker
+                msg = (msg + "\n" if msg else "") + str(c.args().get("text", ""))
+            except Exception:
+                pass
+    state.conversation.say(speaker, msg, tool_calls)
+    d["turns"][speaker] += 1
+    talked = bool(msg)
+    for c in tool_calls:
+        try:
+            args = c.args()
+        except Exception as e:
+            state.conversation.tool_result(speaker, c.id, f"Error: invalid arguments: {e}", c.name)
+            continue
+        if c.name == "bash":
+            code, out = box.bash(speaker, str(args.get("command", "")))
+            res = out + ("" if code is None else f"\n[exit code {code}]")
+        elif c.name == "send_message":
+            res = "delivered" if self.setting == "coop" else "no teammate in this setting"
+        elif c.name == "finish":
+            d["done"][speaker] = True
+            res = "marked done"
         else:
-            state.next = speaker if d["turns"][speaker] < self.max_turns else other
+            res = f"Error: unknown tool {c.name!r}; use bash, send_message or finish"
+        state.conversation.tool_result(speaker, c.id, res, c.name)
+    other = "user" if speaker == "agent" else "agent"
+    if all(d["done"].values()) or all(t >= self.max_turns for t in d["turns"].values()):
+        state.next = None
+        if not all(d["done"].values()):
+            state.outcome = "max_turns"
+    elif d["done"][speaker] or (talked and other in d["done"] and not d["done"][other]):
+        state.next = other if other in d["done"] and not d["done"][other] else speaker
+    else:
+        state.next = speaker if d["turns"][speaker] < self.max_turns else other
 
-    def reward(self, state):
-        d = state.data
-        if d["result"] is None:
-            try:
-                d["result"] = d["box"].evaluate(d["features"], self.test_timeout)
-            finally:
-                d["box"].close()
-        passed = d["result"]["passed"]
-        r = (sum(passed) / len(passed)) if self.partial else float(all(passed))
-        return {"agent": r, "user": r}
+@patch
+def reward(self: CooperBenchEnv, state):
+    d = state.data
+    if d["result"] is None:
+        try:
+            d["result"] = d["box"].evaluate(d["features"], self.test_timeout)
+        finally:
+            d["box"].close()
+    passed = d["result"]["passed"]
+    r = (sum(passed) / len(passed)) if self.partial else float(all(passed))
+    return {"agent": r, "user": r}
 
 # %% ../../nbs/envs/13_cooperbench.ipynb #a41e8d23
 class ScriptedCoder(Speaker):

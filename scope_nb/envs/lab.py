@@ -150,7 +150,7 @@ class LabSimulator(CategoricalSimulator):
         self.family, self.gamma, self.vs_recovery = family, gamma, vs_recovery
 
     def reference(self, persona: str | None = None) -> np.ndarray:
-        "p_family, tilted by the episode's persona (`Request.persona`, set by PersonaGuided) if it has one."
+        "p_family, tilted by the episode's persona (`Request.context['persona']`, set by PersonaGuided) if it has one."
         p = FAMILIES[self.family]
         if persona:
             tilt = np.random.default_rng(zlib.crc32(persona.encode())).normal(0, PERSONA_SIGMA, len(p))
@@ -168,7 +168,7 @@ class LabSimulator(CategoricalSimulator):
         g_vs = self.gamma - self.vs_recovery * (self.gamma - 1)
         out = []
         for r in requests:
-            q = sharpen(self.reference(r.persona), g_vs)
+            q = sharpen(self.reference(r.context.get("persona")), g_vs)
             top = np.argsort(-q, kind="stable")[:n]
             probs = [float(q[k]) for k in top] if method == "prob" else [None] * len(top)
             out.append(

@@ -8,6 +8,7 @@ import json, re, zlib
 from pathlib import Path
 from ..core.dialogue import Conversation
 from .base import Env, EnvState, Task
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['BIG5', 'MORAL', 'SCHWARTZ', 'parse_donation', 'episode_donation', 'p4g_reward', 'shipped_corpus', 'load_p4g_speakers',
@@ -195,29 +196,32 @@ class P4GEnv(Env):
 
     PROMPT_VARS = {"agent": ("persona", "turns", "max_turns", "word_limit"), "user": ("persona", "word_limit")}
 
-    def reset(self, task):
-        d, n = task.data, self.max_turns
-        agent = persuader_prompt(d["persuader"], n, self.word_limit)
-        user = persuadee_prompt(d["persuadee"], self.word_limit, self.prefix)
-        system = {  # `turns`: the number the built-in prompt asks the persuader to keep going for
-            "agent": self.system("agent", agent, persona=d["persuader"], turns=max(1, n // 2), max_turns=n,
-                                 word_limit=self.word_limit),
-            "user": self.system("user", user, persona=d["persuadee"], word_limit=self.word_limit),
-        }
-        return EnvState(task, Conversation(system=system))
-
-    def _apply(self, state, speaker, content, tool_calls):
-        state.conversation.say(speaker, content or "")
-        if (
-            speaker == "user"
-            and self.end_on_donation
-            and parse_donation(content) is not None
-            and parse_donation(content) > 0
-        ):
-            state.next = None
-        else:
-            self.alternate(state, speaker)
-
     def reward(self, state):
         r = p4g_reward(episode_donation(state.conversation))
         return {"agent": r, "user": 1.0 - r}
+
+# %% ../../nbs/envs/11_p4g.ipynb #49cb2065
+@patch
+def reset(self: P4GEnv, task):
+    d, n = task.data, self.max_turns
+    agent = persuader_prompt(d["persuader"], n, self.word_limit)
+    user = persuadee_prompt(d["persuadee"], self.word_limit, self.prefix)
+    system = {  # `turns`: the number the built-in prompt asks the persuader to keep going for
+        "agent": self.system("agent", agent, persona=d["persuader"], turns=max(1, n // 2), max_turns=n,
+                             word_limit=self.word_limit),
+        "user": self.system("user", user, persona=d["persuadee"], word_limit=self.word_limit),
+    }
+    return EnvState(task, Conversation(system=system))
+
+@patch
+def _apply(self: P4GEnv, state, speaker, content, tool_calls):
+    state.conversation.say(speaker, content or "")
+    if (
+        speaker == "user"
+        and self.end_on_donation
+        and parse_donation(content) is not None
+        and parse_donation(content) > 0
+    ):
+        state.next = None
+    else:
+        self.alternate(state, speaker)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 from ..core.dialogue import Conversation, Reply, Request, Speaker
 from .base import Env, EnvState, Task
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['CONCERNS', 'KEYWORDS', 'LABELLED_REPLIES', 'PRODUCTS', 'SHOP_GAP', 'CONCERN_LIST', 'INTAKE_PROMPT', 'AGENT_PROMPT',
@@ -294,75 +295,81 @@ class ShopSimulator(Speaker):
         self.family, self.api_speaker, self.name = family, api, name
         self.shuffle = family.order == "shuffled" if shuffle is None else shuffle
 
-    def order_seed(self, r: Request) -> int | None:
-        "The seed of request `r`'s concern order (None: the fixed order)."
-        from scope_nb.users.simulators import request_seed
-
-        return request_seed(self.api_speaker.seed, r.key, r.turn, self.SHUFFLE_SALT) if self.shuffle else None
-
     def reseed(self, seed: int):
         self.api_speaker.reseed(seed)  # server-side seeds per (run seed, episode, turn)
 
-    def prompt(self, messages: list[dict], order_seed: int | None = None):
-        """Chat messages with the persona opening the system prompt, or a completion prompt for base-model families;
-        the concern list reordered by `order_seed`."""
-        f = self.family
-        if f.style == "completion":
-            return shuffle_concerns(completion_prompt(f.persona, messages), order_seed)
-        msgs = [dict(m) for m in messages]
-        if msgs and msgs[0]["role"] == "system":
-            msgs[0]["content"] = shuffle_concerns(msgs[0]["content"] or "", order_seed)
-        if msgs and msgs[0]["role"] == "system":
-            msgs[0]["content"] = f"You are {f.persona}. {msgs[0]['content'] or ''}"
-        else:
-            msgs.insert(0, {"role": "system", "content": f"You are {f.persona}."})
-        return msgs
-
-    def respond(self, requests, temperature=None):
-        api = self.api_speaker
-        res = api.complete(
-            [
-                (self.prompt(r.messages, self.order_seed(r)), self.family.temperature, None, None, None,
-                 api.seed_for(r))
-                for r in requests
-            ]
-        )
-        pre = "The" if self.family.style == "completion" else ""
-        out = []
-        for r, c in zip(requests, res):
-            text = (
-                None
-                if c.text is None
-                else (pre + c.text if pre and not any(m["role"] == "assistant" for m in r.messages) else c.text).strip()
-            )
-            out.append(
-                Reply(
-                    text,
-                    failed=c.failed,
-                    error=c.error,
-                    n_tokens=c.completion_tokens,
-                    info={"api": c.info(), "family": self.name},
-                )
-            )
-        return out
-
     vs_format = "json_object_schema"  # llama.cpp's grammar for a JSON object with a schema
 
-    def propose(self, requests, vs, extra: str = "", temperature: float | None = None) -> list[dict]:
-        """Verbalized candidates from a chat family (Verbalized Sampling needs a model that writes JSON through its chat
-        template)."""
-        if self.family.style != "chat":
-            raise ValueError(
-                f"{self.name}: Verbalized Sampling needs a chat family; {self.family.model} is a base model "
-                "without a chat template"
-            )
-        reqs = [
-            Request(self.prompt(r.messages, self.order_seed(r)), None, r.tools, r.turn, r.key, r.group, r.sample)
+# %% ../../nbs/envs/34_shop.ipynb #1ed93c6e
+@patch
+def order_seed(self: ShopSimulator, r: Request) -> int | None:
+    "The seed of request `r`'s concern order (None: the fixed order)."
+    from scope_nb.users.simulators import request_seed
+
+    return request_seed(self.api_speaker.seed, r.key, r.turn, self.SHUFFLE_SALT) if self.shuffle else None
+
+@patch
+def prompt(self: ShopSimulator, messages: list[dict], order_seed: int | None = None):
+    """Chat messages with the persona opening the system prompt, or a completion prompt for base-model families;
+    the concern list reordered by `order_seed`."""
+    f = self.family
+    if f.style == "completion":
+        return shuffle_concerns(completion_prompt(f.persona, messages), order_seed)
+    msgs = [dict(m) for m in messages]
+    if msgs and msgs[0]["role"] == "system":
+        msgs[0]["content"] = shuffle_concerns(msgs[0]["content"] or "", order_seed)
+    if msgs and msgs[0]["role"] == "system":
+        msgs[0]["content"] = f"You are {f.persona}. {msgs[0]['content'] or ''}"
+    else:
+        msgs.insert(0, {"role": "system", "content": f"You are {f.persona}."})
+    return msgs
+
+@patch
+def respond(self: ShopSimulator, requests, temperature=None):
+    api = self.api_speaker
+    res = api.complete(
+        [
+            (self.prompt(r.messages, self.order_seed(r)), self.family.temperature, None, None, None,
+             api.seed_for(r))
             for r in requests
         ]
-        if vs.structured == "auto":
-            vs = vs.model_copy(update={"structured": self.vs_format})
-        return self.api_speaker.propose(reqs, vs, extra, self.family.temperature)
+    )
+    pre = "The" if self.family.style == "completion" else ""
+    out = []
+    for r, c in zip(requests, res):
+        text = (
+            None
+            if c.text is None
+            else (pre + c.text if pre and not any(m["role"] == "assistant" for m in r.messages) else c.text).strip()
+        )
+        out.append(
+            Reply(
+                text,
+                failed=c.failed,
+                error=c.error,
+                n_tokens=c.completion_tokens,
+                info={"api": c.info(), "family": self.name},
+            )
+        )
+    return out
+
+# %% ../../nbs/envs/34_shop.ipynb #e13c54f3
+@patch
+def propose(self: ShopSimulator, requests, vs, extra: str = "", temperature: float | None = None) -> list[dict]:
+    """Verbalized candidates from a chat family (Verbalized Sampling needs a model that writes JSON through its chat
+    template)."""
+    if self.family.style != "chat":
+        raise ValueError(
+            f"{self.name}: Verbalized Sampling needs a chat family; {self.family.model} is a base model "
+            "without a chat template"
+        )
+    reqs = [
+        Request(self.prompt(r.messages, self.order_seed(r)), None, r.tools, r.turn, r.key, r.group, r.sample)
+        for r in requests
+    ]
+    if vs.structured == "auto":
+        vs = vs.model_copy(update={"structured": self.vs_format})
+    return self.api_speaker.propose(reqs, vs, extra, self.family.temperature)
 
 # %% ../../nbs/envs/34_shop.ipynb #66eacafa
 def shop_speaker(

@@ -21,6 +21,7 @@ def _quiet_tau2_logs():
 
 from ..core.dialogue import Conversation, ToolCall
 from .base import Env, EnvState, Task
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['STOP_TOKENS', 'tool_block', 'Tau2Env', 'Tau2Retail', 'Tau2Airline', 'gold_script', 'gold_changes_db', 'replay']
@@ -121,121 +122,128 @@ class Tau2Env(Env):
     def tools(self, state, role):
         return self.schemas if role == "agent" else None
 
-    def reset(self, task):
-        from tau2.data_model.message import AssistantMessage
-        from tau2.orchestrator.orchestrator import DEFAULT_FIRST_AGENT_MESSAGE
+# %% ../../nbs/envs/12_tau2.ipynb #fbf86d01
+@patch
+def reset(self: Tau2Env, task):
+    from tau2.data_model.message import AssistantMessage
+    from tau2.orchestrator.orchestrator import DEFAULT_FIRST_AGENT_MESSAGE
 
-        tt = self.tau_task(task)
-        env = self._get_env()
-        init = tt.initial_state
-        env.set_state(
-            initialization_data=init.initialization_data if init else None,
-            initialization_actions=init.initialization_actions if init else None,
-            message_history=[],
-        )
-        uv = dict(global_user_sim_guidelines=self._guidelines, instructions=str(tt.user_scenario))
-        system = {
-            "agent": self.system(
-                "agent", self.agent_prompt, agent_instruction=self.instruction, domain_policy=self.policy
-            ),
-            "user": self.system("user", self._user_prompt.format(**uv), **uv),
-        }
-        conv = Conversation(system=system)
-        first = DEFAULT_FIRST_AGENT_MESSAGE.content
-        conv.say("agent", first)
-        st = EnvState(task, conv, next="user", agent_turns=0)
-        st.data = {
-            "env": env,
-            "messages": [AssistantMessage(role="assistant", content=first)],
-            "t0": time.time(),
-            "termination": None,
-            "tool_errors": 0,
-        }
-        return st
+    tt = self.tau_task(task)
+    env = self._get_env()
+    init = tt.initial_state
+    env.set_state(
+        initialization_data=init.initialization_data if init else None,
+        initialization_actions=init.initialization_actions if init else None,
+        message_history=[],
+    )
+    uv = dict(global_user_sim_guidelines=self._guidelines, instructions=str(tt.user_scenario))
+    system = {
+        "agent": self.system(
+            "agent", self.agent_prompt, agent_instruction=self.instruction, domain_policy=self.policy
+        ),
+        "user": self.system("user", self._user_prompt.format(**uv), **uv),
+    }
+    conv = Conversation(system=system)
+    first = DEFAULT_FIRST_AGENT_MESSAGE.content
+    conv.say("agent", first)
+    st = EnvState(task, conv, next="user", agent_turns=0)
+    st.data = {
+        "env": env,
+        "messages": [AssistantMessage(role="assistant", content=first)],
+        "t0": time.time(),
+        "termination": None,
+        "tool_errors": 0,
+    }
+    return st
 
-    def _apply(self, state, speaker, content, tool_calls):
-        from tau2.data_model.message import AssistantMessage, ToolCall as TauCall, ToolMessage, UserMessage
+# %% ../../nbs/envs/12_tau2.ipynb #c3159b74
+@patch
+def _apply(self: Tau2Env, state, speaker, content, tool_calls):
+    from tau2.data_model.message import AssistantMessage, ToolCall as TauCall, ToolMessage, UserMessage
 
-        d, conv = state.data, state.conversation
-        if speaker == "user":
-            conv.say("user", content or "")
-            d["messages"].append(UserMessage(role="user", content=content or ""))
-            if any(tok in (content or "") for tok in STOP_TOKENS):
-                state.next, d["termination"] = None, "user_stop"
-            else:
-                state.next = "agent"
-            return
-        calls = list(tool_calls)
-        conv.say("agent", content, calls)
-        tau_calls, results = [], []
-        for c in calls:
-            try:
-                args = c.args()
-            except Exception as e:
-                args = None
-                err = f"Error: invalid tool call arguments for {c.name}: {e}"
-            if args is not None and c.name not in {s["function"]["name"] for s in self.schemas}:
-                args, err = (
-                    None,
-                    f"Error: unknown tool {c.name!r}; available: "
-                    f"{', '.join(s['function']['name'] for s in self.schemas)}",
-                )
-            tau_calls.append(TauCall(id=c.id, name=c.name, arguments=args or {}, requestor="assistant"))
-            if args is None:
-                results.append(ToolMessage(id=c.id, role="tool", content=err, requestor="assistant", error=True))
-            else:
-                results.append(d["env"].get_response(tau_calls[-1]))
-        d["messages"].append(
-            AssistantMessage(
-                role="assistant", content=content if (content or not calls) else None, tool_calls=tau_calls or None
-            )
-        )
-        for c, r in zip(calls, results):
-            d["messages"].append(r)
-            d["tool_errors"] += r.error
-            conv.tool_result("agent", c.id, r.content or "", c.name)
-        if calls:
-            state.next = "agent"  # the agent reads the tool results and goes on
-        elif "###STOP###" in (content or ""):
-            state.next, d["termination"] = None, "agent_stop"
+    d, conv = state.data, state.conversation
+    if speaker == "user":
+        conv.say("user", content or "")
+        d["messages"].append(UserMessage(role="user", content=content or ""))
+        if any(tok in (content or "") for tok in STOP_TOKENS):
+            state.next, d["termination"] = None, "user_stop"
         else:
-            state.next = "user"
-
-    def reward(self, state):
-        r, info = self.evaluate(state)
-        state.data["reward_info"] = info
-        return {"agent": r, "user": r}
-
-    def evaluate(self, state) -> tuple[float, dict]:
-        "tau2's evaluate_simulation on the episode's messages; returns (reward, compact reward info)."
-        from tau2.data_model.simulation import SimulationRun, TerminationReason
-        from tau2.evaluator.evaluator import EvaluationType, evaluate_simulation
-
-        d = state.data
-        reason = {"user_stop": TerminationReason.USER_STOP, "agent_stop": TerminationReason.AGENT_STOP}.get(
-            d["termination"], TerminationReason.MAX_STEPS
+            state.next = "agent"
+        return
+    calls = list(tool_calls)
+    conv.say("agent", content, calls)
+    tau_calls, results = [], []
+    for c in calls:
+        try:
+            args = c.args()
+        except Exception as e:
+            args = None
+            err = f"Error: invalid tool call arguments for {c.name}: {e}"
+        if args is not None and c.name not in {s["function"]["name"] for s in self.schemas}:
+            args, err = (
+                None,
+                f"Error: unknown tool {c.name!r}; available: "
+                f"{', '.join(s['function']['name'] for s in self.schemas)}",
+            )
+        tau_calls.append(TauCall(id=c.id, name=c.name, arguments=args or {}, requestor="assistant"))
+        if args is None:
+            results.append(ToolMessage(id=c.id, role="tool", content=err, requestor="assistant", error=True))
+        else:
+            results.append(d["env"].get_response(tau_calls[-1]))
+    d["messages"].append(
+        AssistantMessage(
+            role="assistant", content=content if (content or not calls) else None, tool_calls=tau_calls or None
         )
-        now = time.time()
-        sim = SimulationRun(
-            id=str(uuid.uuid4()),
-            task_id=state.task.data["tau2_id"],
-            start_time=str(d["t0"]),
-            end_time=str(now),
-            duration=now - d["t0"],
-            termination_reason=reason,
-            messages=d["messages"],
-        )
-        ri = evaluate_simulation(
-            sim, self.tau_task(state.task), EvaluationType.ALL, solo_mode=False, domain=self.domain
-        )
-        info = {
-            "termination": reason.value,
-            "reward_breakdown": {
-                str(k.value if hasattr(k, "value") else k): v for k, v in (ri.reward_breakdown or {}).items()
-            },
-            "note": (ri.info or {}).get("note"),
-        }
-        return float(ri.reward), info
+    )
+    for c, r in zip(calls, results):
+        d["messages"].append(r)
+        d["tool_errors"] += r.error
+        conv.tool_result("agent", c.id, r.content or "", c.name)
+    if calls:
+        state.next = "agent"  # the agent reads the tool results and goes on
+    elif "###STOP###" in (content or ""):
+        state.next, d["termination"] = None, "agent_stop"
+    else:
+        state.next = "user"
+
+@patch
+def reward(self: Tau2Env, state):
+    r, info = self.evaluate(state)
+    state.data["reward_info"] = info
+    return {"agent": r, "user": r}
+
+# %% ../../nbs/envs/12_tau2.ipynb #b6350315
+@patch
+def evaluate(self: Tau2Env, state) -> tuple[float, dict]:
+    "tau2's evaluate_simulation on the episode's messages; returns (reward, compact reward info)."
+    from tau2.data_model.simulation import SimulationRun, TerminationReason
+    from tau2.evaluator.evaluator import EvaluationType, evaluate_simulation
+
+    d = state.data
+    reason = {"user_stop": TerminationReason.USER_STOP, "agent_stop": TerminationReason.AGENT_STOP}.get(
+        d["termination"], TerminationReason.MAX_STEPS
+    )
+    now = time.time()
+    sim = SimulationRun(
+        id=str(uuid.uuid4()),
+        task_id=state.task.data["tau2_id"],
+        start_time=str(d["t0"]),
+        end_time=str(now),
+        duration=now - d["t0"],
+        termination_reason=reason,
+        messages=d["messages"],
+    )
+    ri = evaluate_simulation(
+        sim, self.tau_task(state.task), EvaluationType.ALL, solo_mode=False, domain=self.domain
+    )
+    info = {
+        "termination": reason.value,
+        "reward_breakdown": {
+            str(k.value if hasattr(k, "value") else k): v for k, v in (ri.reward_breakdown or {}).items()
+        },
+        "note": (ri.info or {}).get("note"),
+    }
+    return float(ri.reward), info
 
 # %% ../../nbs/envs/12_tau2.ipynb #212f0460
 class Tau2Retail(Tau2Env):

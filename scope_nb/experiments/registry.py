@@ -337,192 +337,194 @@ COOP_ARMS = [
     Arm("self-play", "Self-play", {"user": dict(model="same", train=True)}),
 ]
 
-# %% ../../nbs/experiments/41_experiments.ipynb #4e1621b2
-EXPERIMENTS: dict[str, Experiment] = {
-    e.name: e
-    for e in [
-        Experiment(
-            "collapse-lab",
-            2,
-            "Table 1 (lab)",
-            "the lab comparison of every method against the most modal simulator, with controls",
-            {"lab": (LAB_BASE, LAB_METHODS)},
-            comparisons=LAB_COMPARISONS,
-        ),
-        Experiment(
-            "lab-paper-update",
-            1,
-            "Table 1 (lab), the paper's update",
-            "the lab with z-scored advantages (Eq. 2) and every weight trained: RL (Single), VS, Ensemble and the "
-            "frozen-uncollapsed control, 10 seeds; seeds that converge on the exploit counted (Fisher)",
-            {"lab": (LAB_PAPER_UPDATE, LAB_UPDATE_ARMS)},
-            analysis="scope_nb.experiments.prereg:lab_update_registered",
-        ),
-        Experiment(
-            "lab-exploitable-ref",
-            1,
-            "Table 1 (lab), an exploitable control",
-            "the remedies against a frozen reference that is itself exploitable (modal mass 0.80 > 1 − Δ), 10 seeds: "
-            "diversity as such and a moving target separated from merely uncollapsed",
-            {"lab": (LAB_BASE, LAB_EXPLOITABLE_ARMS)},
-            analysis="scope_nb.experiments.prereg:lab_exploitable_registered",
-        ),
-        Experiment(
-            "vs-recovery",
-            1,
-            "Table 1, VS row (lab)",
-            "RL + VS with the lab's VS recovery ρ swept from 0 to 1",
-            {
-                "lab": (
-                    LAB_BASE,
-                    [
-                        Arm(
-                            f"vs-rho{r:g}",
-                            f"RL + VS, ρ={r:g}",
-                            {"user": dict(mode="vs", vs=dict(n=5), model=f"lab:frugal@4/rho={r:g}")},
-                        )
-                        for r in (0, 0.25, 0.5, 0.75, 1)
-                    ],
-                )
-            },
-            comparisons=[(f"vs-rho{r:g}", "vs-rho0", "recovery ρ vs none") for r in (0.25, 0.5, 0.75, 1)],
-            sweep=dict(x="VS recovery ρ", values={f"vs-rho{r:g}": r for r in (0, 0.25, 0.5, 0.75, 1)}),
-        ),
-        Experiment(
-            "llm-sims",
-            2,  # v2: customer concern order per call, agent's leading concern balanced (34_shop)
-            "Prop. 3.7 (measured)",
-            "the shop game's real-LLM customer families: behaviour distributions, ε and TV to the pooled "
-            "population, plain, with personas and under Verbalized Sampling",
-            {"cpu-llm": ({}, [])},
-            measure="scope_nb.experiments.shop_measure:run_measurement",
-        ),
-        Experiment(
-            "vs-reference",
-            1,
-            "Prop. 3.7 (measured, fair reference)",
-            "Verbalized Sampling on real models against the same model and persona sampled plain at T = 1, beside "
-            "plain, uniform and a flattening control (39_vs_reference)",
-            {"cpu-llm": ({}, [])},
-            measure="scope_nb.experiments.vs_reference:run_vs_reference",
-        ),
-        Experiment(
-            "llm-collapse",
-            # v2: customer concern order per call, agent's leading concern balanced (34_shop); v3: RL (Single) on
-            # fashion-fixed, the uncollapsed control, curriculum Co-Training, registered tests (44_prereg)
-            3,
-            "Table 1 (real models)",
-            "a SmolLM2 agent trained against real-LLM customers of the shop game: RL (Single) on the collapsed "
-            "family, VS, Co-Training, the uncollapsed control, Ensemble; the simulators measured first, the "
-            "registered tests last",
-            {"cpu-llm": (SHOP_BASE, SHOP_METHODS)},
-            comparisons=SHOP_COMPARISONS,
-            measure="scope_nb.experiments.shop_measure:run_measurement",
-            analysis="scope_nb.experiments.prereg:shop_registered",
-            gate="scope_nb.experiments.shop_measure:collapse_gate",
-        ),
-        _table1("p4g", "Table 1, P4G column"),
-        _table1("tau2-retail", "Table 1, τ² retail"),
-        _table1("tau2-airline", "Table 1, τ² airline"),
-        Experiment(
-            "table2-cooperbench",
-            1,
-            "Table 2",
-            "CooperBench cross-play, self-play and population self-play",
-            {
-                "cpu-llm": (_COOP_CPU, COOP_ARMS),
-                "gpu": (
-                    _COOP_GPU,
-                    [
-                        Arm(
-                            "cross-play",
-                            "Cross-play",
-                            {"user": dict(model="api:anthropic/claude-haiku-4.5")},
-                            dict(grpo=dict(lr=1e-6, kl_coef=0.01), run=dict(steps=500)),
-                        ),
-                        Arm(
-                            "self-play",
-                            "Self-play",
-                            {"user": dict(model="same", train=True)},
-                            dict(grpo=dict(lr=1e-6, kl_coef=0.01), run=dict(steps=500)),
-                        ),
-                    ],
-                ),
-            },
-            notes="Population self-play (a pool of the shared policy's own checkpoints as partner) is not "
-                  "expressible yet: "
-            "user.mode = 'pool' pools a separately trained simulator.",
-        ),
-        Experiment(
-            "fig3-modality",
-            1,
-            "Figure 3",
-            "RL (Single) against simulators of different modality",
-            {
-                "lab": (
-                    LAB_BASE,
-                    [
-                        Arm(f"single-g{g}", f"RL (Single), γ={g}", {"user": dict(model=f"lab:frugal@{g}")})
-                        for g in (3, 4, 8)
-                    ],
-                ),
-                "cpu-llm": (
-                    cpu_llm_base("p4g"),
-                    [
-                        Arm(f"single-t{t}", f"RL (Single), T={t}", {"user": dict(temperature=t)})
-                        for t in (0.3, 0.7, 1.0)
-                    ],
-                ),
-                "gpu": (
-                    gpu_base("tau2-retail"),
-                    [
-                        Arm(f"single-{n}", f"RL (Single) vs {n}", {"user": dict(model=m)})
-                        for n, m in (
-                            ("gpt-5-mini", "api:openai/gpt-5-mini"),
-                            ("haiku-4.5", "api:anthropic/claude-haiku-4.5"),
-                            ("gemini-3-flash", "api:google/gemini-3-flash"),
-                        )
-                    ],
-                ),
-            },
-        ),
-        Experiment(
-            "fig17-pool-size",
-            1,
-            "Figure 17",
-            "Population Co-Training with pool size K ∈ {1, 3, 5, 10}, a checkpoint every 4 steps",
-            {
-                "lab": (LAB_BASE, _pool_arms()),
-                "gpu": (
-                    gpu_base("tau2-retail"),
-                    [
-                        Arm(a.name, a.method, {"user": dict(a.overrides["user"], model="Qwen/Qwen3-4B-Instruct-2507")})
-                        for a in _pool_arms()
-                    ],
-                ),
-            },
-        ),
-        Experiment(
-            "fig19-diagnostics",
-            1,
-            "Figure 19",
-            "training diagnostics with the direct collapse meter every 10 steps",
-            {
-                "lab": (
-                    merge(LAB_BASE, {"eval": dict(collapse=dict(every=10, histories=16, draws=32))}),
-                    [a for a in LAB_METHODS if a.name in ("rl-single", "vs", "ensemble", "co-training", "population")],
-                )
-            },
-        ),
-        Experiment(
-            "fig27-sim-reward",
-            1,
-            "Figure 27",
-            "simulator reward (adversarial, cooperative, curriculum) for Population Co-Training vs the K=3 ensemble",
-            {"lab": (LAB_BASE, _reward_arms())},
-        ),
-    ]
-}
+# %% ../../nbs/experiments/41_experiments.ipynb #bf1f9b31
+EXPERIMENTS: dict[str, Experiment] = {}
+
+
+def _add(*experiments: Experiment):
+    "Add experiments to `EXPERIMENTS` in order; two of one name are refused (a dict would keep the last silently)."
+    for e in experiments:
+        if e.name in EXPERIMENTS: raise ValueError(f"experiment {e.name!r} is defined twice")
+        EXPERIMENTS[e.name] = e
+
+# %% ../../nbs/experiments/41_experiments.ipynb #7c3bcbd5
+_add(
+    Experiment(
+        "collapse-lab", 2, "Table 1 (lab)",
+        "the lab comparison of every method against the most modal simulator, with controls",
+        {"lab": (LAB_BASE, LAB_METHODS)},
+        comparisons=LAB_COMPARISONS,
+    ),
+    Experiment(
+        "lab-paper-update", 1, "Table 1 (lab), the paper's update",
+        "the lab with z-scored advantages (Eq. 2) and every weight trained: RL (Single), VS, Ensemble and the "
+        "frozen-uncollapsed control, 10 seeds; seeds that converge on the exploit counted (Fisher)",
+        {"lab": (LAB_PAPER_UPDATE, LAB_UPDATE_ARMS)},
+        analysis="scope_nb.experiments.prereg:lab_update_registered",
+    ),
+    Experiment(
+        "lab-exploitable-ref", 1, "Table 1 (lab), an exploitable control",
+        "the remedies against a frozen reference that is itself exploitable (modal mass 0.80 > 1 − Δ), 10 seeds: "
+        "diversity as such and a moving target separated from merely uncollapsed",
+        {"lab": (LAB_BASE, LAB_EXPLOITABLE_ARMS)},
+        analysis="scope_nb.experiments.prereg:lab_exploitable_registered",
+    ),
+    Experiment(
+        "vs-recovery", 1, "Table 1, VS row (lab)",
+        "RL + VS with the lab's VS recovery ρ swept from 0 to 1",
+        {
+            "lab": (
+                LAB_BASE,
+                [
+                    Arm(
+                        f"vs-rho{r:g}",
+                        f"RL + VS, ρ={r:g}",
+                        {"user": dict(mode="vs", vs=dict(n=5), model=f"lab:frugal@4/rho={r:g}")},
+                    )
+                    for r in (0, 0.25, 0.5, 0.75, 1)
+                ],
+            )
+        },
+        comparisons=[(f"vs-rho{r:g}", "vs-rho0", "recovery ρ vs none") for r in (0.25, 0.5, 0.75, 1)],
+        sweep=dict(x="VS recovery ρ", values={f"vs-rho{r:g}": r for r in (0, 0.25, 0.5, 0.75, 1)}),
+    ),
+)
+
+# %% ../../nbs/experiments/41_experiments.ipynb #11383bb8
+_add(
+    Experiment(
+        # v2: customer concern order per call, agent's leading concern balanced (34_shop)
+        "llm-sims", 2, "Prop. 3.7 (measured)",
+        "the shop game's real-LLM customer families: behaviour distributions, ε and TV to the pooled "
+        "population, plain, with personas and under Verbalized Sampling",
+        {"cpu-llm": ({}, [])},
+        measure="scope_nb.experiments.shop_measure:run_measurement",
+    ),
+    Experiment(
+        "vs-reference", 1, "Prop. 3.7 (measured, fair reference)",
+        "Verbalized Sampling on real models against the same model and persona sampled plain at T = 1, beside "
+        "plain, uniform and a flattening control (39_vs_reference)",
+        {"cpu-llm": ({}, [])},
+        measure="scope_nb.experiments.vs_reference:run_vs_reference",
+    ),
+    Experiment(
+        "llm-collapse",
+        # v2: customer concern order per call, agent's leading concern balanced (34_shop); v3: RL (Single) on
+        # fashion-fixed, the uncollapsed control, curriculum Co-Training, registered tests (44_prereg)
+        3,
+        "Table 1 (real models)",
+        "a SmolLM2 agent trained against real-LLM customers of the shop game: RL (Single) on the collapsed "
+        "family, VS, Co-Training, the uncollapsed control, Ensemble; the simulators measured first, the "
+        "registered tests last",
+        {"cpu-llm": (SHOP_BASE, SHOP_METHODS)},
+        comparisons=SHOP_COMPARISONS,
+        measure="scope_nb.experiments.shop_measure:run_measurement",
+        analysis="scope_nb.experiments.prereg:shop_registered",
+        gate="scope_nb.experiments.shop_measure:collapse_gate",
+    ),
+    _table1("p4g", "Table 1, P4G column"),
+    _table1("tau2-retail", "Table 1, τ² retail"),
+    _table1("tau2-airline", "Table 1, τ² airline"),
+)
+
+# %% ../../nbs/experiments/41_experiments.ipynb #80fdde26
+_add(
+    Experiment(
+        "table2-cooperbench", 1, "Table 2",
+        "CooperBench cross-play, self-play and population self-play",
+        {
+            "cpu-llm": (_COOP_CPU, COOP_ARMS),
+            "gpu": (
+                _COOP_GPU,
+                [
+                    Arm(
+                        "cross-play",
+                        "Cross-play",
+                        {"user": dict(model="api:anthropic/claude-haiku-4.5")},
+                        dict(grpo=dict(lr=1e-6, kl_coef=0.01), run=dict(steps=500)),
+                    ),
+                    Arm(
+                        "self-play",
+                        "Self-play",
+                        {"user": dict(model="same", train=True)},
+                        dict(grpo=dict(lr=1e-6, kl_coef=0.01), run=dict(steps=500)),
+                    ),
+                ],
+            ),
+        },
+        notes="Population self-play (a pool of the shared policy's own checkpoints as partner) is not "
+              "expressible yet: "
+        "user.mode = 'pool' pools a separately trained simulator.",
+    ),
+)
+
+# %% ../../nbs/experiments/41_experiments.ipynb #a2a5d057
+_add(
+    Experiment(
+        "fig3-modality", 1, "Figure 3",
+        "RL (Single) against simulators of different modality",
+        {
+            "lab": (
+                LAB_BASE,
+                [
+                    Arm(f"single-g{g}", f"RL (Single), γ={g}", {"user": dict(model=f"lab:frugal@{g}")})
+                    for g in (3, 4, 8)
+                ],
+            ),
+            "cpu-llm": (
+                cpu_llm_base("p4g"),
+                [
+                    Arm(f"single-t{t}", f"RL (Single), T={t}", {"user": dict(temperature=t)})
+                    for t in (0.3, 0.7, 1.0)
+                ],
+            ),
+            "gpu": (
+                gpu_base("tau2-retail"),
+                [
+                    Arm(f"single-{n}", f"RL (Single) vs {n}", {"user": dict(model=m)})
+                    for n, m in (
+                        ("gpt-5-mini", "api:openai/gpt-5-mini"),
+                        ("haiku-4.5", "api:anthropic/claude-haiku-4.5"),
+                        ("gemini-3-flash", "api:google/gemini-3-flash"),
+                    )
+                ],
+            ),
+        },
+    ),
+    Experiment(
+        "fig17-pool-size", 1, "Figure 17",
+        "Population Co-Training with pool size K ∈ {1, 3, 5, 10}, a checkpoint every 4 steps",
+        {
+            "lab": (LAB_BASE, _pool_arms()),
+            "gpu": (
+                gpu_base("tau2-retail"),
+                [
+                    Arm(a.name, a.method, {"user": dict(a.overrides["user"], model="Qwen/Qwen3-4B-Instruct-2507")})
+                    for a in _pool_arms()
+                ],
+            ),
+        },
+    ),
+)
+
+# %% ../../nbs/experiments/41_experiments.ipynb #6fb68457
+_add(
+    Experiment(
+        "fig19-diagnostics", 1, "Figure 19",
+        "training diagnostics with the direct collapse meter every 10 steps",
+        {
+            "lab": (
+                merge(LAB_BASE, {"eval": dict(collapse=dict(every=10, histories=16, draws=32))}),
+                [a for a in LAB_METHODS if a.name in ("rl-single", "vs", "ensemble", "co-training", "population")],
+            )
+        },
+    ),
+    Experiment(
+        "fig27-sim-reward", 1, "Figure 27",
+        "simulator reward (adversarial, cooperative, curriculum) for Population Co-Training vs the K=3 ensemble",
+        {"lab": (LAB_BASE, _reward_arms())},
+    ),
+)
 
 # %% ../../nbs/experiments/41_experiments.ipynb #dce96c8c
 def get_experiment(name: str) -> Experiment:

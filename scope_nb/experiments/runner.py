@@ -107,6 +107,54 @@ def _check_gate(exp, scale: str, measured, overrides, echo, enforce: bool = True
     else:
         echo(f"{exp.name}: gate NOT passed, run anyway (--skip-gate): {why}")
 
+# %% ../../nbs/experiments/42_runner.ipynb #6792d9d0
+def _measure(exp, scale: str, out, echo, progress: bool, overrides, gate: bool):
+    "The experiment's measurement before any training (e.g. the simulators' behaviour), checked by its gate, or None."
+    if not exp.measure: return None
+    import importlib
+    mod, fn = exp.measure.split(":")
+    folder = Path(out) / exp.name / scale / "measure"
+    res = getattr(importlib.import_module(mod), fn)(folder, echo=echo, progress=progress)
+    _check_gate(exp, scale, res, overrides, echo, gate)
+    return res
+
+
+def _run_all(todo, jobs: int, progress: bool, desc: str) -> dict:
+    """Run the configs in `todo`, in `jobs` spawned processes when there are several (their llama.cpp servers share the
+    cores, 21_llama_server); returns {run folder: error} of the runs that failed."""
+    from tqdm.auto import tqdm
+    errors, bar = {}, tqdm(total=len(todo), desc=desc, disable=not progress)
+    if jobs > 1 and len(todo) > 1:
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+        import multiprocessing as mp
+        threads = str(llama_threads(jobs))
+        with ProcessPoolExecutor(
+            min(jobs, len(todo)), mp_context=mp.get_context("spawn"), initializer=_llama_threads, initargs=(threads,)
+        ) as ex:
+            for f in as_completed([ex.submit(_run_one, to_dict(c)) for c in todo]):
+                run_dir, _, err = f.result()
+                if err: errors[run_dir] = err
+                bar.update(1)
+    else:
+        for c in todo:
+            run_dir, _, err = _run_one(to_dict(c))
+            if err: errors[run_dir] = err
+            bar.update(1)
+    bar.close()
+    return errors
+
+
+def _analysis(exp, folder: Path, echo):
+    "The experiment's pre-registered tests (e.g. 44_prereg's shop_registered) on its runs in `folder`, or None."
+    if not exp.analysis: return None
+    import importlib
+    mod, fn = exp.analysis.split(":")
+    try:
+        return getattr(importlib.import_module(mod), fn)(folder, echo=echo)
+    except FileNotFoundError as e:  # an arm the tests need was not run (e.g. --arms rl-single): say so
+        echo(f"registered tests not computed: {e}")
+        return None
+
 # %% ../../nbs/experiments/42_runner.ipynb #67494c00
 def run_experiment(
     name: str,
@@ -124,22 +172,12 @@ def run_experiment(
     """Run (or continue) every arm × seed of an experiment, then write its report; returns the report summary. An
     experiment with a gate stops after its measurement when the gate fails (`gate=False` runs it anyway and says
     so)."""
-    from concurrent.futures import ProcessPoolExecutor
-    import multiprocessing as mp
-    from tqdm.auto import tqdm
     from scope_nb.experiments.report import report
 
     cfgs = experiment_configs(name, scale, seeds, out, arms, steps, overrides)
     todo = [c for c in cfgs if not run_finished(c)]
-    res_measure, exp, errors, t0 = None, get_experiment(name), {}, time.perf_counter()
-    if exp.measure:  # e.g. the simulators measured before any training
-        import importlib
-
-        mod, fn = exp.measure.split(":")
-        res_measure = getattr(importlib.import_module(mod), fn)(
-            Path(out) / name / scale / "measure", echo=echo, progress=progress
-        )
-        _check_gate(exp, scale, res_measure, overrides, echo, gate)
+    exp, t0 = get_experiment(name), time.perf_counter()
+    res_measure = _measure(exp, scale, out, echo, progress, overrides, gate)
     if not cfgs:
         return dict(
             measure=res_measure,
@@ -151,26 +189,7 @@ def run_experiment(
             report_dir=str(Path(out) / name / scale / "measure"),
         )
     echo(f"{name} [{scale}]: {len(cfgs)} runs ({len(cfgs) - len(todo)} already finished) in {Path(out) / name / scale}")
-    bar = tqdm(total=len(todo), desc=f"{name} [{scale}]", disable=not progress or not todo)
-    if jobs > 1 and len(todo) > 1:
-        from concurrent.futures import as_completed
-
-        threads = str(llama_threads(jobs))  # the runs' llama.cpp servers share the cores (21_llama_server)
-        with ProcessPoolExecutor(
-            min(jobs, len(todo)), mp_context=mp.get_context("spawn"), initializer=_llama_threads, initargs=(threads,)
-        ) as ex:
-            for f in as_completed([ex.submit(_run_one, to_dict(c)) for c in todo]):
-                run_dir, secs, err = f.result()
-                if err:
-                    errors[run_dir] = err
-                bar.update(1)
-    else:
-        for c in todo:
-            run_dir, secs, err = _run_one(to_dict(c))
-            if err:
-                errors[run_dir] = err
-            bar.update(1)
-    bar.close()
+    errors = _run_all(todo, jobs, progress and bool(todo), f"{name} [{scale}]")
     for d, e in errors.items():
         echo(f"error: run {d} failed: {e}")
     res = report(
@@ -181,15 +200,7 @@ def run_experiment(
     )
     if exp.sweep:
         res["figures"] += [str(p) for p in fig_sweep(res["table"], name, scale, Path(out) / name / scale / "report")]
-    res["analysis"] = None
-    if exp.analysis:  # the experiment's pre-registered tests (e.g. 44_prereg.shop_registered)
-        import importlib
-
-        mod, fn = exp.analysis.split(":")
-        try:
-            res["analysis"] = getattr(importlib.import_module(mod), fn)(Path(out) / name / scale, echo=echo)
-        except FileNotFoundError as e:  # an arm the tests need was not run (e.g. --arms rl-single): say so
-            echo(f"registered tests not computed: {e}")
+    res["analysis"] = _analysis(exp, Path(out) / name / scale, echo)
     res.update(
         errors=errors,
         seconds=time.perf_counter() - t0,

@@ -120,6 +120,44 @@ def measure_family(
 # %% ../../nbs/experiments/38_shop_measure.ipynb #2eeaa823
 SHOP_MODES = ("plain", "persona", "vs-prob", "vs-random")
 
+# %% ../../nbs/experiments/38_shop_measure.ipynb #b2edb4b5
+def _measure_jobs(jobs, n, n_persona, vs_calls, vs_n, seed, workers, progress) -> dict:
+    "{(family, mode): raw measurement} of every job, measured by `workers` threads with their own llama.cpp servers."
+    import queue, time
+    from concurrent.futures import ThreadPoolExecutor
+    from tqdm.auto import tqdm
+    from scope_nb.users.llama_server import llama_threads
+    from scope_nb.users.modes import Servers
+
+    cost = lambda j: n if j[1] == "plain" else n_persona * 2 if j[1] == "persona" else vs_calls * 10  # in plain calls
+    todo = queue.Queue()
+    for j in sorted(jobs, key=cost, reverse=True):
+        todo.put(j)
+    raw, bar = {}, tqdm(total=len(jobs), desc="measuring shop customers", disable=not progress)
+    threads = llama_threads(workers)  # llama.cpp threads that outnumber the cores spin and slow every server
+
+    def work(_):
+        with Servers(n_ctx=2048, n_threads=threads) as servers:
+            while True:
+                try:
+                    f, m = todo.get_nowait()
+                except queue.Empty:
+                    return
+                t0 = time.perf_counter()
+                speaker = shop_speaker(f"shop:{f}", f"shop-{f}", seed, servers)
+                raw[(f, m)] = measure_family(speaker, m, n if m == "plain" else n_persona, vs_calls, vs_n, seed)
+                raw[(f, m)]["seconds"] = time.perf_counter() - t0
+                if not len(raw[(f, m)]["X"]):  # every call failed: say why rather than report an empty distribution
+                    dead = "; ".join(filter(None, (s.died() for s in servers.servers.values())))
+                    raise RuntimeError(f"measuring {f} ({m}): every call failed ({raw[(f, m)].get('error')})"
+                                       + (f"; {dead}" if dead else ""))
+                bar.update(1)
+
+    with ThreadPoolExecutor(workers) as ex:
+        list(ex.map(work, range(workers)))
+    bar.close()
+    return raw
+
 # %% ../../nbs/experiments/38_shop_measure.ipynb #cdd6d0aa
 def measure_shop(
     families=tuple(SHOP_FAMILIES),
@@ -138,74 +176,17 @@ def measure_shop(
     answer two calls at once;
     they take jobs from one queue, costliest first, so they finish together; llama-server keeps a prompt cache per
     slot: every intake prompt of a family shares its opening."""
-    import queue, time
-    from concurrent.futures import ThreadPoolExecutor
-    from tqdm.auto import tqdm
-    from scope_nb.users.llama_server import llama_threads
-    from scope_nb.users.modes import Servers
-
     jobs = [(f, m) for f in families for m in modes if m == "plain" or SHOP_FAMILIES[f].style == "chat"]
-    cost = lambda j: (
-        n if j[1] == "plain" else n_persona * 2 if j[1] == "persona" else vs_calls * 10
-    )  # plain calls' worth
-    todo = queue.Queue()
-    for j in sorted(jobs, key=cost, reverse=True):
-        todo.put(j)
-    raw, bar = {}, tqdm(total=len(jobs), desc="measuring shop customers", disable=not progress)
-    threads = llama_threads(workers)  # llama.cpp threads that outnumber the cores spin and slow every server
-
-    def work(_):
-        with Servers(n_ctx=2048, n_threads=threads) as servers:
-            while True:
-                try:
-                    f, m = todo.get_nowait()
-                except queue.Empty:
-                    return
-                t0 = time.perf_counter()
-                raw[(f, m)] = measure_family(
-                    shop_speaker(f"shop:{f}", f"shop-{f}", seed, servers),
-                    m,
-                    n if m == "plain" else n_persona,
-                    vs_calls,
-                    vs_n,
-                    seed,
-                )
-                raw[(f, m)]["seconds"] = time.perf_counter() - t0
-                if not len(raw[(f, m)]["X"]):  # every call failed: say why rather than report an empty distribution
-                    dead = "; ".join(filter(None, (s.died() for s in servers.servers.values())))
-                    raise RuntimeError(
-                        f"measuring {f} ({m}): every call failed ({raw[(f, m)].get('error')})"
-                        + (f"; {dead}" if dead else "")
-                    )
-                bar.update(1)
-
-    with ThreadPoolExecutor(workers) as ex:
-        list(ex.map(work, range(workers)))
-    bar.close()
+    raw = _measure_jobs(jobs, n, n_persona, vs_calls, vs_n, seed, workers, progress)
     plain = [call_stats(raw[(f, "plain")]["X"], B=10)["dist"] for f in families if (f, "plain") in raw]
-    plain = [
-        d for d in plain if None not in d.values()
-    ]  # a family that never named a concern has no distribution to pool
+    plain = [d for d in plain if None not in d.values()]  # a family that never named a concern: nothing to pool
     ref = np.mean([[dd[c] for c in CONCERNS] for dd in plain], 0) if plain else None
     rows = []
     for f, m in jobs:
-        r = raw[(f, m)]
-        fam = SHOP_FAMILIES[f]
-        rows.append(
-            dict(
-                family=f,
-                model=fam.model,
-                temperature=fam.temperature,
-                seen=f in SHOP_SEEN,
-                mode=m,
-                failed=r["failed"],
-                vs_parsed=r.get("parsed"),
-                vs_calls=r.get("calls"),
-                seconds=round(r["seconds"], 1),
-                examples=r["examples"],
-                **call_stats(r["X"], ref, seed=seed),
-            )
-        )
+        r, fam = raw[(f, m)], SHOP_FAMILIES[f]
+        rows.append(dict(family=f, model=fam.model, temperature=fam.temperature, seen=f in SHOP_SEEN, mode=m,
+                         failed=r["failed"], vs_parsed=r.get("parsed"), vs_calls=r.get("calls"),
+                         seconds=round(r["seconds"], 1), examples=r["examples"], **call_stats(r["X"], ref, seed=seed)))
     return rows
 
 # %% ../../nbs/experiments/38_shop_measure.ipynb #fcf2c629

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 from ..train.grpo import GRPOConfig, GRPOTrainer, enable_checkpointing, is_lora
 from ..core.policy import LocalPolicy
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['init_local_group', 'group_device', 'decoder_layers', 'FSDPTrainer']
@@ -76,38 +77,45 @@ class FSDPTrainer(GRPOTrainer):
     def _loss_scale(self):
         return float(self.world)  # FSDP2 averages over ranks; the loss is already a global mean
 
-    def _sum(self, stats):
-        keys = sorted(stats)
-        t = torch.tensor([stats[k] for k in keys], dtype=torch.float64, device=self.comm)
-        dist.all_reduce(t)
-        return dict(zip(keys, t.tolist()))
+# %% ../../nbs/scale/60_fsdp.ipynb #c54853d4
+@patch
+def _sum(self: FSDPTrainer, stats):
+    keys = sorted(stats)
+    t = torch.tensor([stats[k] for k in keys], dtype=torch.float64, device=self.comm)
+    dist.all_reduce(t)
+    return dict(zip(keys, t.tolist()))
 
-    def _max(self, x):
-        t = torch.tensor([x], dtype=torch.float64, device=self.comm)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return float(t)
+@patch
+def _max(self: FSDPTrainer, x):
+    t = torch.tensor([x], dtype=torch.float64, device=self.comm)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
 
-    def full_state_dict(self) -> dict:
-        "Unsharded weights (on every rank), e.g. to save a checkpoint or push to rollout engines."
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+@patch
+def full_state_dict(self: FSDPTrainer) -> dict:
+    "Unsharded weights (on every rank), e.g. to save a checkpoint or push to rollout engines."
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
-    def load_full_state_dict(self, sd: dict) -> None:
-        "Load unsharded weights (the same on every rank) into this rank's shards."
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+@patch
+def load_full_state_dict(self: FSDPTrainer, sd: dict) -> None:
+    "Load unsharded weights (the same on every rank) into this rank's shards."
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-        set_model_state_dict(self.model, sd, options=StateDictOptions(full_state_dict=True))
+    set_model_state_dict(self.model, sd, options=StateDictOptions(full_state_dict=True))
 
-    def opt_state_dict(self) -> dict:
-        "The optimizer state unsharded (a collective: every rank calls it)."
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+@patch
+def opt_state_dict(self: FSDPTrainer) -> dict:
+    "The optimizer state unsharded (a collective: every rank calls it)."
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-        return get_optimizer_state_dict(
-            self.model, self.opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
-        )
+    return get_optimizer_state_dict(
+        self.model, self.opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
 
-    def load_opt_state_dict(self, sd: dict) -> None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+@patch
+def load_opt_state_dict(self: FSDPTrainer, sd: dict) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-        set_optimizer_state_dict(self.model, self.opt, sd, options=StateDictOptions(full_state_dict=True))
+    set_optimizer_state_dict(self.model, self.opt, sd, options=StateDictOptions(full_state_dict=True))

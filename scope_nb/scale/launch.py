@@ -189,61 +189,19 @@ def plan_launch(experiment: str, arm: str, seed: int = 0, settings: str = "paper
     api = sorted({s.split(":", 1)[1] for s in specs if kind_of(s).api})
     env_vars = sorted({u.get("api", {}).get("key_env", UserSettings().api.key_env)} - {""}) if api else []
     run_dir = Path(cfg["run"]["out_dir"]) / cfg["run"]["name"]
-    procs = [
-        [
-            "ray",
-            "start",
-            "--head",
-            f"--port={base_port - 1}",
-            f"--num-gpus={gpus}",
-            "--include-dashboard=false",
-            "--block",
-        ]
-    ]
+    procs = [["ray", "start", "--head", f"--port={base_port - 1}", f"--num-gpus={gpus}", "--include-dashboard=false",
+              "--block"]]
     for g in groups:
         for gpu, port in zip(g.gpus, g.engine_ports):
-            procs.append(
-                [
-                    f"CUDA_VISIBLE_DEVICES={gpu}",
-                    "python",
-                    "-m",
-                    "sglang.launch_server",
-                    "--model-path",
-                    g.model,
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(port),
-                    "--tp",
-                    str(g.engine_tp),
-                    "--mem-fraction-static",
-                    "0.5",
-                    "--enable-memory-saver",
-                ]
-            )
+            procs.append([f"CUDA_VISIBLE_DEVICES={gpu}", "python", "-m", "sglang.launch_server",
+                          "--model-path", g.model, "--host", "127.0.0.1", "--port", str(port), "--tp", str(g.engine_tp),
+                          "--mem-fraction-static", "0.5", "--enable-memory-saver"])
     if trainer not in ("fsdp", "megatron"):
         raise ConfigError(f"--trainer {trainer!r}: use fsdp or megatron")
     urls = lambda g: ",".join(f"http://127.0.0.1:{q}" for q in g.engine_ports)
-    train = [
-        "scope",
-        "train",
-        str(run_dir / "config.toml"),
-        "--backend",
-        "ray",
-        "--ray-address",
-        f"127.0.0.1:{base_port - 1}",
-        "--workers",
-        str(per),
-        "--trainer",
-        trainer,
-        "--trainer-world",
-        str(per),
-        "--gpus-per-rank",
-        "1",
-        "--colocate",
-        "--engine-urls",
-        urls(groups[0]),
-    ]
+    train = ["scope", "train", str(run_dir / "config.toml"), "--backend", "ray",
+             "--ray-address", f"127.0.0.1:{base_port - 1}", "--workers", str(per), "--trainer", trainer,
+             "--trainer-world", str(per), "--gpus-per-rank", "1", "--colocate", "--engine-urls", urls(groups[0])]
     train += ["--trainer-gpus", ",".join(map(str, groups[0].gpus))]  # each rank beside the engine it releases
     if len(groups) > 1:
         train += ["--user-engine-urls", urls(groups[1]), "--user-trainer-gpus", ",".join(map(str, groups[1].gpus))]

@@ -12,6 +12,7 @@ from .fsdp import group_device
 from ..train.grpo import GRPOConfig, GRPOTrainer, is_lora
 from .megatron import gpt_model_kwargs, hf_to_megatron, megatron_config_kwargs, megatron_to_hf
 from ..core.policy import LocalPolicy, pad_right, scores_from_logits
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['padded_vocab', 'tp_shard', 'tp_unshard', 'init_megatron', 'build_gpt', 'gpt_token_logprobs', 'MegatronTrainer']
@@ -234,85 +235,94 @@ class MegatronTrainer(GRPOTrainer):
         policy.model.to("cpu")
         self.opt = self._optimizer()
 
-    def _build(self, full: dict):
-        m = build_gpt(self.hf_config, self.tp, self.device, self.dtype, self.cfg.gradient_checkpointing)
-        self._load(m, full)
-        pad, rows = (
-            getattr(self.hf_config, "pad_token_id", None),
-            padded_vocab(self.hf_config.vocab_size, self.tp) // self.tp,
-        )
-        if (
-            pad is not None and self.rank * rows <= pad < (self.rank + 1) * rows
-        ):  # HF's padding_idx: the pad row gets no gradient
-            m.embedding.word_embeddings.weight.register_hook(
-                lambda g, i=pad - self.rank * rows: g.index_fill(0, torch.tensor([i], device=g.device), 0)
-            )
-        return m.eval()
-
-    def _load(self, m, full: dict):
-        missing, unexpected = m.load_state_dict(tp_shard(full, self.tp, self.rank), strict=False)
-        bad = [k for k in missing if not k.endswith("_extra_state")] + list(unexpected)
-        if bad:
-            raise RuntimeError(f"Megatron weights do not match the model: {bad[:5]}")
-
-    def _logprobs(self, model, seqs, with_entropy: bool = True, start: int = 1):
-        return gpt_token_logprobs(
-            model, seqs, self.hf_config.vocab_size, self.temperature, self.policy.pad_id, with_entropy, start
-        )
-
-    def _clip_grads(self) -> float:
-        z = dict(dtype=torch.float64, device=self.device)  # the group's device: NCCL reduces no CPU tensor
-        split, repl = torch.zeros((), **z), torch.zeros((), **z)
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        for name, p in self.model.named_parameters():
-            if p.grad is None:
-                continue
-            sq = p.grad.detach().double().pow(2).sum()
-            if _is_split(name):
-                split += sq
-            else:
-                repl += sq
-        if self.tp > 1:
-            dist.all_reduce(split)
-        total = float((split + repl).sqrt())
-        coef = min(1.0, self.cfg.grad_clip / (total + 1e-6))
-        for p in params:
-            p.grad.detach().mul_(coef)
-        return total
-
-    def _gather(self) -> dict:
-        "The policy's weights in HF layout, gathered from every rank (a collective: on every rank)."
-        mine = {
-            k: v.detach()
-            for k, v in self.model.state_dict().items()
-            if torch.is_tensor(v) and not k.endswith("_extra_state")
-        }
-        shards = [mine] if self.tp == 1 else [{} for _ in range(self.tp)]
-        if self.tp > 1:
-            for k, v in mine.items():
-                parts = [torch.empty_like(v) for _ in range(self.tp)]
-                dist.all_gather(parts, v.contiguous())
-                for r in range(self.tp):
-                    shards[r][k] = parts[r]
-        full = tp_unshard(shards, self.hf_config.vocab_size)
-        return {k: v.to("cpu", copy=True) for k, v in megatron_to_hf(full, self.hf_config).items()}
-
     # the HF policy always holds the full current weights (rollouts and checkpoints read it), so handing them out
     # needs no second gather
     def full_state_dict(self) -> dict:
         return {k: v.detach().cpu().clone() for k, v in self.policy.model.state_dict().items()}
 
-    def load_full_state_dict(self, sd: dict) -> None:
-        "Load HF-layout weights (a checkpoint, or the driver's copy) into this rank's slices and the HF policy."
-        with torch.no_grad():
-            self._load(self.model, hf_to_megatron(sd, self.hf_config))
-        self.policy.model.load_state_dict(sd)
-
     def _checkpointing(self, on: bool) -> None:
         "Nothing to switch: `build_gpt` wrapped the layers (under no_grad, torch's checkpoint just runs forward)."
 
-    def step(self, items) -> dict:
-        "GRPOTrainer's update, then the HF policy (rollouts, checkpoints) gets the new weights."
-        stats = super().step(items)
-        self.policy.model.load_state_dict(self._gather())
-        return stats
+# %% ../../nbs/scale/62_megatron_train.ipynb #70112ffa
+@patch
+def _build(self: MegatronTrainer, full: dict):
+    m = build_gpt(self.hf_config, self.tp, self.device, self.dtype, self.cfg.gradient_checkpointing)
+    self._load(m, full)
+    pad, rows = (
+        getattr(self.hf_config, "pad_token_id", None),
+        padded_vocab(self.hf_config.vocab_size, self.tp) // self.tp,
+    )
+    if (
+        pad is not None and self.rank * rows <= pad < (self.rank + 1) * rows
+    ):  # HF's padding_idx: the pad row gets no gradient
+        m.embedding.word_embeddings.weight.register_hook(
+            lambda g, i=pad - self.rank * rows: g.index_fill(0, torch.tensor([i], device=g.device), 0)
+        )
+    return m.eval()
+
+@patch
+def _load(self: MegatronTrainer, m, full: dict):
+    missing, unexpected = m.load_state_dict(tp_shard(full, self.tp, self.rank), strict=False)
+    bad = [k for k in missing if not k.endswith("_extra_state")] + list(unexpected)
+    if bad:
+        raise RuntimeError(f"Megatron weights do not match the model: {bad[:5]}")
+
+@patch
+def _logprobs(self: MegatronTrainer, model, seqs, with_entropy: bool = True, start: int = 1):
+    return gpt_token_logprobs(
+        model, seqs, self.hf_config.vocab_size, self.temperature, self.policy.pad_id, with_entropy, start
+    )
+
+@patch
+def _clip_grads(self: MegatronTrainer) -> float:
+    z = dict(dtype=torch.float64, device=self.device)  # the group's device: NCCL reduces no CPU tensor
+    split, repl = torch.zeros((), **z), torch.zeros((), **z)
+    params = [p for p in self.model.parameters() if p.grad is not None]
+    for name, p in self.model.named_parameters():
+        if p.grad is None:
+            continue
+        sq = p.grad.detach().double().pow(2).sum()
+        if _is_split(name):
+            split += sq
+        else:
+            repl += sq
+    if self.tp > 1:
+        dist.all_reduce(split)
+    total = float((split + repl).sqrt())
+    coef = min(1.0, self.cfg.grad_clip / (total + 1e-6))
+    for p in params:
+        p.grad.detach().mul_(coef)
+    return total
+
+# %% ../../nbs/scale/62_megatron_train.ipynb #5db38c73
+@patch
+def _gather(self: MegatronTrainer) -> dict:
+    "The policy's weights in HF layout, gathered from every rank (a collective: on every rank)."
+    mine = {
+        k: v.detach()
+        for k, v in self.model.state_dict().items()
+        if torch.is_tensor(v) and not k.endswith("_extra_state")
+    }
+    shards = [mine] if self.tp == 1 else [{} for _ in range(self.tp)]
+    if self.tp > 1:
+        for k, v in mine.items():
+            parts = [torch.empty_like(v) for _ in range(self.tp)]
+            dist.all_gather(parts, v.contiguous())
+            for r in range(self.tp):
+                shards[r][k] = parts[r]
+    full = tp_unshard(shards, self.hf_config.vocab_size)
+    return {k: v.to("cpu", copy=True) for k, v in megatron_to_hf(full, self.hf_config).items()}
+
+@patch
+def load_full_state_dict(self: MegatronTrainer, sd: dict) -> None:
+    "Load HF-layout weights (a checkpoint, or the driver's copy) into this rank's slices and the HF policy."
+    with torch.no_grad():
+        self._load(self.model, hf_to_megatron(sd, self.hf_config))
+    self.policy.model.load_state_dict(sd)
+
+@patch
+def step(self: MegatronTrainer, items) -> dict:
+    "GRPOTrainer's update, then the HF policy (rollouts, checkpoints) gets the new weights."
+    stats = super(MegatronTrainer, self).step(items)
+    self.policy.model.load_state_dict(self._gather())
+    return stats

@@ -9,6 +9,7 @@ from pathlib import Path
 from ..train.config import Config, ConfigError, from_dict, to_dict, validate
 from ..train.rollout import RolloutResult, rollout
 from ..train.specs import mode_layers
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['TRAINERS', 'RolloutWorker', 'write_weights', 'move_optimizer_state', 'TrainerRank', 'RemoteTrainer', 'RayBackend']
@@ -144,89 +145,99 @@ class TrainerRank:
         # colocated with engines on a GPU: the optimizer state waits in CPU memory while they generate
         self.offload = offload and torch.cuda.is_available()
 
-    def address(self) -> tuple[str, int]:
-        "Where rank 0 listens for the group: this node's address and a free port."
-        import ray
-        from scope_nb.core.dialogue import free_port
-
-        return ray.util.get_node_ip_address(), free_port()
-
-    def setup(self, master: tuple[str, int] | None = None):
-        "Join the group (every rank at once: the rendezvous blocks until all have joined) and build the trainer."
-        import torch
-        import torch.distributed as dist
-        from scope_nb.train.grpo import GRPOTrainer
-
-        kind, gcfg, temperature, seed = self.args
-        if torch.cuda.is_available() and kind != "megatron":  # megatron builds its slices there from the CPU copy
-            self.pol.model.to("cuda")  # each rank sees its own GPU as device 0 (Ray's pick, or its pin)
-        if kind == "torch":
-            self.tr = GRPOTrainer(self.pol, gcfg, temperature=temperature)
-            return
-        os.environ.update(MASTER_ADDR=master[0], MASTER_PORT=str(master[1]))
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", rank=self.rank, world_size=self.world)
-        if kind == "fsdp":
-            from scope_nb.scale.fsdp import FSDPTrainer
-
-            self.tr = FSDPTrainer(self.pol, gcfg, temperature=temperature)
-        else:
-            from scope_nb.scale.megatron_train import MegatronTrainer
-
-            self.tr = MegatronTrainer(self.pol, gcfg, temperature=temperature, seed=seed)
-
-    def step(self, items, weights=None, push: str | None = None, bf16: bool = False):
-        """One update on every rank. Rank 0 returns the stats and either the new full weights (HF layout) or, with
-        `push` (an absolute folder), the folder it wrote them to for the engines (`write_weights`): then no state
-        dict leaves the group."""
-        if weights is not None:
-            self.tr.load_full_state_dict(weights)
-        import torch
-
-        self._onload()
-        stats = self.tr.step(items)
-        full = self.tr.full_state_dict()  # FSDP: a collective, every rank takes part
-        if push is not None and self.rank == 0:
-            full = write_weights(push, self.pol.model, self.pol.tok, full, bf16)
-        # the engines on these GPUs resume next: drop the gradients (the next update recomputes them) and hand the
-        # freed blocks back to CUDA, so that the rank keeps only its weights and optimizer state while they generate
-        self.tr.opt.zero_grad(set_to_none=True)
-        self._offload()
-        return (stats, full) if self.rank == 0 else None
-
-    def _onload(self):
-        "The optimizer state back on the rank's device before it is used (an update, a checkpoint's gather)."
-        if self.offload:
-            move_optimizer_state(self.tr.opt, next(self.tr.model.parameters()).device)
-
-    def _offload(self):
-        "The optimizer state to CPU memory (when offloading) and CUDA's cached free blocks back to the driver."
-        import torch
-
-        if self.offload:
-            move_optimizer_state(self.tr.opt, "cpu")
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-
-    def weights(self) -> dict | None:
-        "The group's current full weights (a collective: every rank calls it); rank 0 returns them."
-        full = self.tr.full_state_dict()
-        return full if self.rank == 0 else None
-
     def visible_devices(self) -> str | None:
         "The GPUs this rank's process may use (`CUDA_VISIBLE_DEVICES`), as its engines' launcher pinned them."
         return os.environ.get("CUDA_VISIBLE_DEVICES")
 
-    def opt_state(self):
-        self._onload()  # FSDP gathers it with a collective on the group's device
-        try:
-            return self.tr.opt_state_dict()
-        finally:
-            self._offload()
+# %% ../../nbs/scale/64_ray.ipynb #a02a94d7
+@patch
+def address(self: TrainerRank) -> tuple[str, int]:
+    "Where rank 0 listens for the group: this node's address and a free port."
+    import ray
+    from scope_nb.core.dialogue import free_port
 
-    def load_opt(self, sd):
-        self._onload()
-        self.tr.load_opt_state_dict(sd)
+    return ray.util.get_node_ip_address(), free_port()
+
+@patch
+def setup(self: TrainerRank, master: tuple[str, int] | None = None):
+    "Join the group (every rank at once: the rendezvous blocks until all have joined) and build the trainer."
+    import torch
+    import torch.distributed as dist
+    from scope_nb.train.grpo import GRPOTrainer
+
+    kind, gcfg, temperature, seed = self.args
+    if torch.cuda.is_available() and kind != "megatron":  # megatron builds its slices there from the CPU copy
+        self.pol.model.to("cuda")  # each rank sees its own GPU as device 0 (Ray's pick, or its pin)
+    if kind == "torch":
+        self.tr = GRPOTrainer(self.pol, gcfg, temperature=temperature)
+        return
+    os.environ.update(MASTER_ADDR=master[0], MASTER_PORT=str(master[1]))
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", rank=self.rank, world_size=self.world)
+    if kind == "fsdp":
+        from scope_nb.scale.fsdp import FSDPTrainer
+
+        self.tr = FSDPTrainer(self.pol, gcfg, temperature=temperature)
+    else:
+        from scope_nb.scale.megatron_train import MegatronTrainer
+
+        self.tr = MegatronTrainer(self.pol, gcfg, temperature=temperature, seed=seed)
+
+@patch
+def step(self: TrainerRank, items, weights=None, push: str | None = None, bf16: bool = False):
+    """One update on every rank. Rank 0 returns the stats and either the new full weights (HF layout) or, with
+    `push` (an absolute folder), the folder it wrote them to for the engines (`write_weights`): then no state
+    dict leaves the group."""
+    if weights is not None:
+        self.tr.load_full_state_dict(weights)
+    import torch
+
+    self._onload()
+    stats = self.tr.step(items)
+    full = self.tr.full_state_dict()  # FSDP: a collective, every rank takes part
+    if push is not None and self.rank == 0:
+        full = write_weights(push, self.pol.model, self.pol.tok, full, bf16)
+    # the engines on these GPUs resume next: drop the gradients (the next update recomputes them) and hand the
+    # freed blocks back to CUDA, so that the rank keeps only its weights and optimizer state while they generate
+    self.tr.opt.zero_grad(set_to_none=True)
+    self._offload()
+    return (stats, full) if self.rank == 0 else None
+
+# %% ../../nbs/scale/64_ray.ipynb #dda8f2d4
+@patch
+def _onload(self: TrainerRank):
+    "The optimizer state back on the rank's device before it is used (an update, a checkpoint's gather)."
+    if self.offload:
+        move_optimizer_state(self.tr.opt, next(self.tr.model.parameters()).device)
+
+@patch
+def _offload(self: TrainerRank):
+    "The optimizer state to CPU memory (when offloading) and CUDA's cached free blocks back to the driver."
+    import torch
+
+    if self.offload:
+        move_optimizer_state(self.tr.opt, "cpu")
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+@patch
+def weights(self: TrainerRank) -> dict | None:
+    "The group's current full weights (a collective: every rank calls it); rank 0 returns them."
+    full = self.tr.full_state_dict()
+    return full if self.rank == 0 else None
+
+@patch
+def opt_state(self: TrainerRank):
+    self._onload()  # FSDP gathers it with a collective on the group's device
+    try:
+        return self.tr.opt_state_dict()
+    finally:
         self._offload()
+
+@patch
+def load_opt(self: TrainerRank, sd):
+    self._onload()
+    self.tr.load_opt_state_dict(sd)
+    self._offload()
 
 # %% ../../nbs/scale/64_ray.ipynb #bb692234
 class _RemoteOpt:
@@ -376,87 +387,6 @@ class RayBackend:
         self.trainers, self.groups, self._pushed = [], {}, {}
         self.weights_dir = Path(weights_dir) if weights_dir else cfg.run_dir / "engine_weights"
 
-    def trainer(self, policy, gcfg, temperature: float = 1.0) -> RemoteTrainer:
-        """A trainer group for `policy`: `trainer_world` ranks in one placement group (its own GPUs when gpus_per_rank >
-        0); with `trainer_gpus[role]`, rank i runs on exactly that list's i-th GPU."""
-        import ray
-        from ray.util.placement_group import placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-        role = "agent" if policy.name == "agent" else "user"
-        bundle = {"CPU": 0.5, **({"GPU": self.gpus} if self.gpus else {})}
-        pg = placement_group([bundle] * self.world, strategy="STRICT_PACK")  # a group on one node
-        ray.get(pg.ready(), timeout=300)
-        R = ray.remote(TrainerRank)
-        pins = self.pins.get(role) or [None] * self.world
-        actors = [
-            R.options(
-                num_cpus=0.5,
-                num_gpus=self.gpus,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
-            ).remote(self.cfg_dict, role, gcfg, temperature, self.kind, i, self.world, pins[i],
-                     self.colocate and bool(self.engines[role]))  # offload: its engines generate beside it
-            for i in range(self.world)
-        ]
-        master = ray.get(actors[0].address.remote()) if self.kind != "torch" else None
-        ray.get([a.setup.remote(master) for a in actors])
-        self.trainers += actors
-        bf16 = self.cfg.grpo.mixed_precision == "bf16"
-        rt = self.groups[role] = RemoteTrainer(actors, policy, pg, self.engines[role] if self.colocate else None,
-                                               self.weights_dir if self.engines[role] else None, bf16, role)
-        return rt
-
-    def _push_weights(self, policy, role: str, version: int):
-        """Load a trained policy's weights into its own engines (never the other role's). After an update they are
-        the folder the group's rank 0 wrote (`RemoteTrainer.path`); before the first one (a fresh or a resumed run:
-        the engines were started from the initial model) the driver writes its own copy. Folders are safetensors at
-        an absolute path, in bfloat16 when `grpo.mixed_precision = "bf16"`, what the trainer computes with and the
-        engines serve (half the bytes of float32: 8 GB instead of 16 GB for a 4B model)."""
-        import shutil
-
-        rt = self.groups.get(role)
-        if rt is not None and rt.path is not None:
-            path = rt.path
-        else:
-            path = write_weights(self.weights_dir / f"{role}_v{version:06d}", policy.model, policy.tok,
-                                 policy.model.state_dict(), self.cfg.grpo.mixed_precision == "bf16")
-        _each(self.engines[role], "update_weights_from_disk", path)
-        path = Path(path)
-        for old in path.parent.glob(f"{role}_v*"):
-            if old != path:
-                shutil.rmtree(old, ignore_errors=True)
-
-    def rollout(self, env, tasks, G, speakers, roles, temps, step=None, panel=None, tag="", **kw) -> RolloutResult:
-        """A step's rollouts (or, with `panel` j, the evaluation episodes against the j-th panel simulator) split over
-        the workers by task; trained weights reach them first (pushed to their engines, or sent with the call)."""
-        import ray
-
-        weights = {}
-        for role in ("agent",) if panel is not None else ("agent", "user"):  # a panel simulator is never trained
-            sp = speakers[role]
-            if not hasattr(sp, "model") or (role == "user" and sp is speakers["agent"]):
-                continue
-            if self.engines[role]:  # engines hold the weights: push them when the trainer has moved since the last push
-                v = self.groups[role].version if role in self.groups else 0
-                if v != self._pushed.get(role):  # nothing pushed yet: the engines hold the launch weights
-                    self._push_weights(sp, role, v)
-                    self._pushed[role] = v
-                continue
-            weights[role] = {k: v.detach().cpu().clone() for k, v in sp.model.state_dict().items()}
-        n = len(self.workers)
-        bounds = [len(tasks) * w // n for w in range(n + 1)]
-        futs = [
-            wk.rollout.remote(tasks[a:b], G, roles, temps, step, a, weights, panel, tag)
-            for wk, a, b in zip(self.workers, bounds, bounds[1:])
-            if b > a
-        ]
-        parts = ray.get(futs)
-        seconds = {}
-        for p in parts:
-            for k, v in p.seconds.items():
-                seconds[k] = max(seconds.get(k, 0.0), v)  # workers run side by side
-        return RolloutResult([e for p in parts for e in p.episodes], seconds)
-
     @classmethod
     def from_config(cls, cfg: Config) -> "RayBackend":
         "The backend the run's `[backend]` table describes (what `scope train` starts, fresh or resumed)."
@@ -466,14 +396,102 @@ class RayBackend:
                    trainer_world=b.trainer_world, gpus_per_rank=b.gpus_per_rank, user_engine_urls=b.user_engine_urls,
                    colocate=b.colocate, trainer_gpus=pins)
 
-    def close(self):
-        import ray
-        from ray.util.placement_group import remove_placement_group
+# %% ../../nbs/scale/64_ray.ipynb #b818e933
+@patch
+def trainer(self: RayBackend, policy, gcfg, temperature: float = 1.0) -> RemoteTrainer:
+    """A trainer group for `policy`: `trainer_world` ranks in one placement group (its own GPUs when gpus_per_rank >
+    0); with `trainer_gpus[role]`, rank i runs on exactly that list's i-th GPU."""
+    import ray
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        for a in self.workers + self.trainers:
-            ray.kill(a)
-        for g in self.groups.values():
-            remove_placement_group(g.pg)
-        self.workers, self.trainers, self.groups = [], [], {}
-        if self.started and ray.is_initialized():
-            ray.shutdown()
+    role = "agent" if policy.name == "agent" else "user"
+    bundle = {"CPU": 0.5, **({"GPU": self.gpus} if self.gpus else {})}
+    pg = placement_group([bundle] * self.world, strategy="STRICT_PACK")  # a group on one node
+    ray.get(pg.ready(), timeout=300)
+    R = ray.remote(TrainerRank)
+    pins = self.pins.get(role) or [None] * self.world
+    actors = [
+        R.options(
+            num_cpus=0.5,
+            num_gpus=self.gpus,
+            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=i),
+        ).remote(self.cfg_dict, role, gcfg, temperature, self.kind, i, self.world, pins[i],
+                 self.colocate and bool(self.engines[role]))  # offload: its engines generate beside it
+        for i in range(self.world)
+    ]
+    master = ray.get(actors[0].address.remote()) if self.kind != "torch" else None
+    ray.get([a.setup.remote(master) for a in actors])
+    self.trainers += actors
+    bf16 = self.cfg.grpo.mixed_precision == "bf16"
+    rt = self.groups[role] = RemoteTrainer(actors, policy, pg, self.engines[role] if self.colocate else None,
+                                           self.weights_dir if self.engines[role] else None, bf16, role)
+    return rt
+
+@patch
+def _push_weights(self: RayBackend, policy, role: str, version: int):
+    """Load a trained policy's weights into its own engines (never the other role's). After an update they are
+    the folder the group's rank 0 wrote (`RemoteTrainer.path`); before the first one (a fresh or a resumed run:
+    the engines were started from the initial model) the driver writes its own copy. Folders are safetensors at
+    an absolute path, in bfloat16 when `grpo.mixed_precision = "bf16"`, what the trainer computes with and the
+    engines serve (half the bytes of float32: 8 GB instead of 16 GB for a 4B model)."""
+    import shutil
+
+    rt = self.groups.get(role)
+    if rt is not None and rt.path is not None:
+        path = rt.path
+    else:
+        path = write_weights(self.weights_dir / f"{role}_v{version:06d}", policy.model, policy.tok,
+                             policy.model.state_dict(), self.cfg.grpo.mixed_precision == "bf16")
+    _each(self.engines[role], "update_weights_from_disk", path)
+    path = Path(path)
+    for old in path.parent.glob(f"{role}_v*"):
+        if old != path:
+            shutil.rmtree(old, ignore_errors=True)
+
+# %% ../../nbs/scale/64_ray.ipynb #f5da4cc5
+@patch
+def rollout(self: RayBackend,
+            env, tasks, G, speakers, roles, temps, step=None, panel=None, tag="", **kw) -> RolloutResult:
+    """A step's rollouts (or, with `panel` j, the evaluation episodes against the j-th panel simulator) split over
+    the workers by task; trained weights reach them first (pushed to their engines, or sent with the call)."""
+    import ray
+
+    weights = {}
+    for role in ("agent",) if panel is not None else ("agent", "user"):  # a panel simulator is never trained
+        sp = speakers[role]
+        if not hasattr(sp, "model") or (role == "user" and sp is speakers["agent"]):
+            continue
+        if self.engines[role]:  # engines hold the weights: push them when the trainer has moved since the last push
+            v = self.groups[role].version if role in self.groups else 0
+            if v != self._pushed.get(role):  # nothing pushed yet: the engines hold the launch weights
+                self._push_weights(sp, role, v)
+                self._pushed[role] = v
+            continue
+        weights[role] = {k: v.detach().cpu().clone() for k, v in sp.model.state_dict().items()}
+    n = len(self.workers)
+    bounds = [len(tasks) * w // n for w in range(n + 1)]
+    futs = [
+        wk.rollout.remote(tasks[a:b], G, roles, temps, step, a, weights, panel, tag)
+        for wk, a, b in zip(self.workers, bounds, bounds[1:])
+        if b > a
+    ]
+    parts = ray.get(futs)
+    seconds = {}
+    for p in parts:
+        for k, v in p.seconds.items():
+            seconds[k] = max(seconds.get(k, 0.0), v)  # workers run side by side
+    return RolloutResult([e for p in parts for e in p.episodes], seconds)
+
+@patch
+def close(self: RayBackend):
+    import ray
+    from ray.util.placement_group import remove_placement_group
+
+    for a in self.workers + self.trainers:
+        ray.kill(a)
+    for g in self.groups.values():
+        remove_placement_group(g.pg)
+    self.workers, self.trainers, self.groups = [], [], {}
+    if self.started and ray.is_initialized():
+        ray.shutdown()

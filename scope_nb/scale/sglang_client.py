@@ -7,6 +7,7 @@ from __future__ import annotations
 import json, time, urllib.error, urllib.request
 from pathlib import Path
 from ..core.dialogue import Sample
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['SGLangError', 'error_text', 'parse_generate', 'SGLangEngine']
@@ -56,122 +57,134 @@ class SGLangEngine:
         self.url, self.timeout, self.retries, self.backoff = url.rstrip("/"), timeout, retries, backoff
         self.calls: dict[str, int] = {}
 
-    def _post(self, path: str, body: dict | None = None):
-        "POST JSON; 5xx and dropped connections are retried with backoff, 4xx raise at once with the engine's reason."
-        data = json.dumps(body or {}).encode()
-        last = None
-        for attempt in range(self.retries + 1):
-            self.calls[path] = self.calls.get(path, 0) + 1
-            req = urllib.request.Request(
-                self.url + path, data=data, headers={"Content-Type": "application/json"}, method="POST"
-            )
-            try:
-                with urllib.request.urlopen(req, timeout=self.timeout) as r:
-                    raw = r.read()
-                try:
-                    return json.loads(raw) if raw else None  # memory release/resume answer `null`
-                except ValueError:
-                    return {"text": raw.decode(errors="replace")}  # /flush_cache answers in plain text
-            except urllib.error.HTTPError as e:
-                msg = error_text(e.read())
-                if e.code < 500:
-                    raise SGLangError(f"{path}: HTTP {e.code} from {self.url}: {msg}") from None
-                last = f"HTTP {e.code}: {msg}"
-            except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
-                last = f"{type(e).__name__}: {e}"
-            if attempt < self.retries:
-                time.sleep(self.backoff * 2**attempt)
-        raise SGLangError(f"{path}: {self.url} failed after {self.retries + 1} attempts ({last})")
-
-    def generate(
-        self, prompts: list[list[int]], max_new_tokens: int, temperature: float, eos_ids, seed: int | None = None,
-        seeds: list[int] | None = None,
-    ) -> list[Sample]:
-        """Sample continuations of token-id prompts in one batched request. Prompts the engine aborts (HTTP 200 with
-        finish_reason `abort`) are asked again, up to `retries` times, then raise (the rollout marks their episodes
-        failed, never scored). `seed` gives prompt i `sampling_seed = seed + i`: SGLang honours it only when started
-        with --enable-deterministic-inference, and one seed for a whole batch would make the G copies of a prompt
-        draw the same tokens there. `seeds` gives each prompt its own (a policy's per-episode seeds)."""
-        if not prompts:
-            return []
-        sp = {
-            "max_new_tokens": int(max_new_tokens),
-            "temperature": float(temperature),
-            "stop_token_ids": sorted(set(eos_ids)),
-            "skip_special_tokens": False,
-            "no_stop_trim": True,
-        }
-        out: list = [None] * len(prompts)
-        todo, why = list(range(len(prompts))), ""
-        for attempt in range(self.retries + 1):
-            per = seeds if seeds is not None else None if seed is None else [seed + i for i in range(len(prompts))]
-            sps = [sp | {"sampling_seed": per[i]} for i in todo] if per is not None else sp
-            body = {"input_ids": [prompts[i] for i in todo], "sampling_params": sps, "return_logprob": True,
-                    "logprob_start_len": -1}
-            res = self._post("/generate", body)
-            res = res if isinstance(res, list) else [res]
-            if len(res) != len(todo):
-                raise SGLangError(f"/generate: {len(res)} results for {len(todo)} prompts")
-            left = []
-            for i, r in zip(todo, res):
-                try:
-                    out[i] = parse_generate(r, eos_ids)
-                except SGLangError as e:
-                    if "aborted" not in str(e):
-                        raise
-                    left.append(i)
-                    why = str(e)
-            if not left:
-                return out
-            todo = left
-            if attempt < self.retries:
-                time.sleep(self.backoff * 2**attempt)
-        n = self.retries + 1
-        raise SGLangError(f"{why}: {len(todo)} of {len(prompts)} prompts still aborted after {n} attempts")
-
-    def _ok(self, path: str, body: dict | None = None):
-        r = self._post(path, body)
-        if isinstance(r, dict) and r.get("success") is False:
-            raise SGLangError(f"{path}: the engine refused: {r.get('message', 'no message')}")
-        return r
-
-    def update_weights_from_disk(self, path) -> dict:
-        """Load new weights (a saved checkpoint folder) into the running engine. The path is made absolute: SGLang
-        reads a relative path from its own working directory and takes one that is not a folder there for a hub id."""
-        return self._ok("/update_weights_from_disk", {"model_path": str(Path(path).resolve())})
-
-    def model_info(self) -> dict:
-        "The engine's /model_info: `model_path` is the folder it last loaded."
-        with urllib.request.urlopen(self.url + "/model_info", timeout=self.timeout) as r:
-            return json.loads(r.read())
-
     def release_memory(self):
         return self._ok("/release_memory_occupation")
-
-    def resume_memory(self, reload: bool = True):
-        """Resume after a release. With --enable-memory-saver and without --enable-weights-cpu-backup, SGLang maps
-        new memory for the weights and their contents are gone, so `reload` loads the folder the engine last loaded
-        again (its /model_info model_path: the trainer's last push or the pool entry in use)."""
-        r = self._ok("/resume_memory_occupation")
-        if reload:
-            self._ok("/update_weights_from_disk", {"model_path": self.model_info()["model_path"]})
-        return r
 
     def flush_cache(self):
         return self._ok("/flush_cache")
 
-    def healthy(self) -> bool:
-        "One /health probe: 200 once the server is up and a one-token generation passed; 503 while it starts."
+# %% ../../nbs/scale/63_sglang.ipynb #add87fba
+@patch
+def _post(self: SGLangEngine, path: str, body: dict | None = None):
+    "POST JSON; 5xx and dropped connections are retried with backoff, 4xx raise at once with the engine's reason."
+    data = json.dumps(body or {}).encode()
+    last = None
+    for attempt in range(self.retries + 1):
+        self.calls[path] = self.calls.get(path, 0) + 1
+        req = urllib.request.Request(
+            self.url + path, data=data, headers={"Content-Type": "application/json"}, method="POST"
+        )
         try:
-            with urllib.request.urlopen(self.url + "/health", timeout=30) as r:
-                return r.status == 200
-        except Exception:
-            return False
+            with urllib.request.urlopen(req, timeout=self.timeout) as r:
+                raw = r.read()
+            try:
+                return json.loads(raw) if raw else None  # memory release/resume answer `null`
+            except ValueError:
+                return {"text": raw.decode(errors="replace")}  # /flush_cache answers in plain text
+        except urllib.error.HTTPError as e:
+            msg = error_text(e.read())
+            if e.code < 500:
+                raise SGLangError(f"{path}: HTTP {e.code} from {self.url}: {msg}") from None
+            last = f"HTTP {e.code}: {msg}"
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
+            last = f"{type(e).__name__}: {e}"
+        if attempt < self.retries:
+            time.sleep(self.backoff * 2**attempt)
+    raise SGLangError(f"{path}: {self.url} failed after {self.retries + 1} attempts ({last})")
 
-    def wait_ready(self, timeout: float = 900.0, every: float = 2.0) -> None:
-        "Wait until /health answers 200 (a loading server answers 503 or refuses connections); raise after `timeout`."
-        t0 = time.monotonic()
-        while not self.healthy():
-            if time.monotonic() - t0 > timeout:
-                raise SGLangError(f"{self.url}: not healthy after {timeout:.0f} s (is the server still loading?)")
-            time.sleep(every)
+# %% ../../nbs/scale/63_sglang.ipynb #7dabd660
+@patch
+def generate(
+    self: SGLangEngine,
+    prompts: list[list[int]], max_new_tokens: int, temperature: float, eos_ids, seed: int | None = None,
+    seeds: list[int] | None = None,
+) -> list[Sample]:
+    """Sample continuations of token-id prompts in one batched request. Prompts the engine aborts (HTTP 200 with
+    finish_reason `abort`) are asked again, up to `retries` times, then raise (the rollout marks their episodes
+    failed, never scored). `seed` gives prompt i `sampling_seed = seed + i`: SGLang honours it only when started
+    with --enable-deterministic-inference, and one seed for a whole batch would make the G copies of a prompt
+    draw the same tokens there. `seeds` gives each prompt its own (a policy's per-episode seeds)."""
+    if not prompts:
+        return []
+    sp = {
+        "max_new_tokens": int(max_new_tokens),
+        "temperature": float(temperature),
+        "stop_token_ids": sorted(set(eos_ids)),
+        "skip_special_tokens": False,
+        "no_stop_trim": True,
+    }
+    out: list = [None] * len(prompts)
+    todo, why = list(range(len(prompts))), ""
+    for attempt in range(self.retries + 1):
+        per = seeds if seeds is not None else None if seed is None else [seed + i for i in range(len(prompts))]
+        sps = [sp | {"sampling_seed": per[i]} for i in todo] if per is not None else sp
+        body = {"input_ids": [prompts[i] for i in todo], "sampling_params": sps, "return_logprob": True,
+                "logprob_start_len": -1}
+        res = self._post("/generate", body)
+        res = res if isinstance(res, list) else [res]
+        if len(res) != len(todo):
+            raise SGLangError(f"/generate: {len(res)} results for {len(todo)} prompts")
+        left = []
+        for i, r in zip(todo, res):
+            try:
+                out[i] = parse_generate(r, eos_ids)
+            except SGLangError as e:
+                if "aborted" not in str(e):
+                    raise
+                left.append(i)
+                why = str(e)
+        if not left:
+            return out
+        todo = left
+        if attempt < self.retries:
+            time.sleep(self.backoff * 2**attempt)
+    n = self.retries + 1
+    raise SGLangError(f"{why}: {len(todo)} of {len(prompts)} prompts still aborted after {n} attempts")
+
+@patch
+def _ok(self: SGLangEngine, path: str, body: dict | None = None):
+    r = self._post(path, body)
+    if isinstance(r, dict) and r.get("success") is False:
+        raise SGLangError(f"{path}: the engine refused: {r.get('message', 'no message')}")
+    return r
+
+# %% ../../nbs/scale/63_sglang.ipynb #411a55c7
+@patch
+def update_weights_from_disk(self: SGLangEngine, path) -> dict:
+    """Load new weights (a saved checkpoint folder) into the running engine. The path is made absolute: SGLang
+    reads a relative path from its own working directory and takes one that is not a folder there for a hub id."""
+    return self._ok("/update_weights_from_disk", {"model_path": str(Path(path).resolve())})
+
+@patch
+def model_info(self: SGLangEngine) -> dict:
+    "The engine's /model_info: `model_path` is the folder it last loaded."
+    with urllib.request.urlopen(self.url + "/model_info", timeout=self.timeout) as r:
+        return json.loads(r.read())
+
+@patch
+def resume_memory(self: SGLangEngine, reload: bool = True):
+    """Resume after a release. With --enable-memory-saver and without --enable-weights-cpu-backup, SGLang maps
+    new memory for the weights and their contents are gone, so `reload` loads the folder the engine last loaded
+    again (its /model_info model_path: the trainer's last push or the pool entry in use)."""
+    r = self._ok("/resume_memory_occupation")
+    if reload:
+        self._ok("/update_weights_from_disk", {"model_path": self.model_info()["model_path"]})
+    return r
+
+@patch
+def healthy(self: SGLangEngine) -> bool:
+    "One /health probe: 200 once the server is up and a one-token generation passed; 503 while it starts."
+    try:
+        with urllib.request.urlopen(self.url + "/health", timeout=30) as r:
+            return r.status == 200
+    except Exception:
+        return False
+
+@patch
+def wait_ready(self: SGLangEngine, timeout: float = 900.0, every: float = 2.0) -> None:
+    "Wait until /health answers 200 (a loading server answers 503 or refuses connections); raise after `timeout`."
+    t0 = time.monotonic()
+    while not self.healthy():
+        if time.monotonic() - t0 > timeout:
+            raise SGLangError(f"{self.url}: not healthy after {timeout:.0f} s (is the server still loading?)")
+        time.sleep(every)

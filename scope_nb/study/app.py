@@ -10,6 +10,7 @@ from .store import ARMS, P4G_ITEMS, REVERSED, TAU2_ITEMS, StudyConfig, Store, ch
 from .store import completion_code
 from .sessions import AgentError, Sessions, check_tasks, export_rows, panel, rows_csv, stream_chat, visible
 from .sessions import _is_unicode
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['PAGE_HTML', 'PAGE_JS', 'COOKIE', 'EXAMPLE_CONFIG', 'Refused', 'StudyServer', 'create_app', 'serve']
@@ -81,316 +82,340 @@ class StudyServer:
 
     def secret(self) -> str: return os.environ.get(self.cfg.secret_env, "")
 
-    # --- reading requests -------------------------------------------------------------------------------------------
-    async def body_of(self, request: Request, limit: int = 16_000) -> dict:
-        """The JSON object a request carries, or a 400 naming what is wrong. The size limit holds while reading: a
-        declared `Content-Length` over it is refused unread, a chunked body is refused at the first chunk past it."""
-        too_large = f"request too large (at most {limit} bytes)"
-        if request.headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
-            raise Refused(415, "send the request body as JSON (Content-Type: application/json)")
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limit: raise Refused(413, too_large)
-        raw = bytearray()
-        async for chunk in request.stream():
-            raw += chunk
-            if len(raw) > limit: raise Refused(413, too_large)
-        try: b = json.loads(bytes(raw).decode("utf-8") if raw else "{}")
-        except (UnicodeDecodeError, json.JSONDecodeError): raise Refused(400, "request body is not JSON (UTF-8)")
-        if not isinstance(b, dict): raise Refused(400, "request body must be a JSON object, e.g. {\"session_id\": ...}")
-        return b
+# %% ../../nbs/study/52_study_app.ipynb #b905dc7a
+@patch
+async def body_of(self: StudyServer, request: Request, limit: int = 16_000) -> dict:
+    """The JSON object a request carries, or a 400 naming what is wrong. The size limit holds while reading: a
+    declared `Content-Length` over it is refused unread, a chunked body is refused at the first chunk past it."""
+    too_large = f"request too large (at most {limit} bytes)"
+    if request.headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
+        raise Refused(415, "send the request body as JSON (Content-Type: application/json)")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit: raise Refused(413, too_large)
+    raw = bytearray()
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > limit: raise Refused(413, too_large)
+    try: b = json.loads(bytes(raw).decode("utf-8") if raw else "{}")
+    except (UnicodeDecodeError, json.JSONDecodeError): raise Refused(400, "request body is not JSON (UTF-8)")
+    if not isinstance(b, dict): raise Refused(400, "request body must be a JSON object, e.g. {\"session_id\": ...}")
+    return b
 
-    def client_of(self, request: Request) -> str | None:
-        "The hash of the browser's secret cookie (set with the page or at start), None without one."
-        token = request.cookies.get(COOKIE, "")
-        return _client_hash(token) if re.fullmatch(r"[A-Za-z0-9_-]{32,64}", token) else None
+@patch
+def client_of(self: StudyServer, request: Request) -> str | None:
+    "The hash of the browser's secret cookie (set with the page or at start), None without one."
+    token = request.cookies.get(COOKIE, "")
+    return _client_hash(token) if re.fullmatch(r"[A-Za-z0-9_-]{32,64}", token) else None
 
-    async def session_of(self, request: Request) -> tuple[dict, dict]:
-        """The request's session row and its JSON body, or a 400/403/404 naming what is wrong. Only the browser that
-        started a session (its cookie) may act on it: a session id alone, or a PID, is not enough."""
-        b = await self.body_of(request)
-        sid = b.get("session_id")
-        row = await asyncio.to_thread(self.store.session, sid) if isinstance(sid, str) and len(sid) <= 64 else None
-        if row is None: raise Refused(404, "unknown session; reopen your study link")
-        client = self.client_of(request)
-        if client is None or row["client"] is None or not hmac.compare_digest(client, row["client"]):
-            raise Refused(403, "this chat belongs to another browser; reopen your study link in the browser you "
-                          "started in")
-        return row, b
+@patch
+async def session_of(self: StudyServer, request: Request) -> tuple[dict, dict]:
+    """The request's session row and its JSON body, or a 400/403/404 naming what is wrong. Only the browser that
+    started a session (its cookie) may act on it: a session id alone, or a PID, is not enough."""
+    b = await self.body_of(request)
+    sid = b.get("session_id")
+    row = await asyncio.to_thread(self.store.session, sid) if isinstance(sid, str) and len(sid) <= 64 else None
+    if row is None: raise Refused(404, "unknown session; reopen your study link")
+    client = self.client_of(request)
+    if client is None or row["client"] is None or not hmac.compare_digest(client, row["client"]):
+        raise Refused(403, "this chat belongs to another browser; reopen your study link in the browser you "
+                      "started in")
+    return row, b
 
-    def qualifies(self, row) -> bool:
-        "Whether a session earns a completion code: `min_turns` messages, or at least one in a chat the agent ended."
-        n = self.store.n_user_turns(row["id"])
-        return n >= self.cfg.min_turns or (row["end_reason"] == "agent_end" and n >= 1)
+@patch
+def qualifies(self: StudyServer, row) -> bool:
+    "Whether a session earns a completion code: `min_turns` messages, or at least one in a chat the agent ended."
+    n = self.store.n_user_turns(row["id"])
+    return n >= self.cfg.min_turns or (row["end_reason"] == "agent_end" and n >= 1)
 
-    # --- what the participant sees ----------------------------------------------------------------------------------
-    def finished(self, row) -> dict:
-        "The completion code, the redirect and the debrief of a surveyed session."
-        cfg, code = self.cfg, completion_code(self.secret(), row["id"])
-        return {
-            "code": code,
-            "redirect": cfg.redirect_url.format(code=code),
-            "debrief": f"Thank you. You talked with the '{row['arm']}' agent, one of {len(cfg.arms)} versions of an AI "
-            f"assistant that this study compares ({', '.join(cfg.arms)}). The agent was an AI system, not a person.",
-        }
+# %% ../../nbs/study/52_study_app.ipynb #343ee83d
+@patch
+def finished(self: StudyServer, row) -> dict:
+    "The completion code, the redirect and the debrief of a surveyed session."
+    cfg, code = self.cfg, completion_code(self.secret(), row["id"])
+    return {
+        "code": code,
+        "redirect": cfg.redirect_url.format(code=code),
+        "debrief": f"Thank you. You talked with the '{row['arm']}' agent, one of {len(cfg.arms)} versions of an AI "
+        f"assistant that this study compares ({', '.join(cfg.arms)}). The agent was an AI system, not a person.",
+    }
 
-    def snapshot(self, row) -> dict:
-        """Everything the page needs to show a session: task panel, turns, limits, whether the agent owes a turn, the
-        survey."""
-        cfg, st = self.cfg, self.sessions.state(row)
-        tau2 = row["task_type"].startswith("tau2")
-        out = {
-            "session_id": row["id"],
-            "task_type": row["task_type"],
-            "status": row["status"],
-            "panel": panel(self.sessions.env(row["task_type"]), row["task_type"], st.task),
-            "turns": visible(st),
-            "qualifies": self.qualifies(row),
-            "short_note": f"This chat had fewer than the {cfg.min_turns} messages the study needs, so there is no "
-            "survey and no completion code for it. Please return the study on the study site.",
-            "limits": {
-                "min_turns": cfg.min_turns,
-                "max_turns": cfg.max_turns,
-                "max_chars": cfg.max_chars,
-                "deadline": row["started"] + 60 * cfg.max_minutes,
-            },
-            "agent_pending": row["status"] == "active" and st.next == "agent",
-            "survey": {
-                "items": list(TAU2_ITEMS if tau2 else P4G_ITEMS),
-                "donation": row["task_type"] == "p4g",
-                "reversed": list(REVERSED),
-            },
-        }
-        if row["status"] == "surveyed":
-            out.update(self.finished(row))
-        return out
+@patch
+def snapshot(self: StudyServer, row) -> dict:
+    """Everything the page needs to show a session: task panel, turns, limits, whether the agent owes a turn, the
+    survey."""
+    cfg, st = self.cfg, self.sessions.state(row)
+    tau2 = row["task_type"].startswith("tau2")
+    out = {
+        "session_id": row["id"],
+        "task_type": row["task_type"],
+        "status": row["status"],
+        "panel": panel(self.sessions.env(row["task_type"]), row["task_type"], st.task),
+        "turns": visible(st),
+        "qualifies": self.qualifies(row),
+        "short_note": f"This chat had fewer than the {cfg.min_turns} messages the study needs, so there is no "
+        "survey and no completion code for it. Please return the study on the study site.",
+        "limits": {
+            "min_turns": cfg.min_turns,
+            "max_turns": cfg.max_turns,
+            "max_chars": cfg.max_chars,
+            "deadline": row["started"] + 60 * cfg.max_minutes,
+        },
+        "agent_pending": row["status"] == "active" and st.next == "agent",
+        "survey": {
+            "items": list(TAU2_ITEMS if tau2 else P4G_ITEMS),
+            "donation": row["task_type"] == "p4g",
+            "reversed": list(REVERSED),
+        },
+    }
+    if row["status"] == "surveyed":
+        out.update(self.finished(row))
+    return out
 
-    def _set_client(self, response, request: Request) -> None:
-        "Give a browser without one its secret cookie (HttpOnly, SameSite=Strict; Secure when served over HTTPS)."
-        if self.client_of(request) is None:
-            response.set_cookie(COOKIE, secrets.token_urlsafe(32), max_age=7 * 86400, httponly=True, samesite="strict",
-                                secure=request.url.scheme == "https", path="/")
+@patch
+def _set_client(self: StudyServer, response, request: Request) -> None:
+    "Give a browser without one its secret cookie (HttpOnly, SameSite=Strict; Secure when served over HTTPS)."
+    if self.client_of(request) is None:
+        response.set_cookie(COOKIE, secrets.token_urlsafe(32), max_age=7 * 86400, httponly=True, samesite="strict",
+                            secure=request.url.scheme == "https", path="/")
 
-    async def page(self, request: Request):
-        from fastapi.responses import HTMLResponse
+# %% ../../nbs/study/52_study_app.ipynb #b99e59ad
+@patch
+async def page(self: StudyServer, request: Request):
+    from fastapi.responses import HTMLResponse
 
-        r = HTMLResponse(
-            PAGE_HTML.replace("/*JS*/", PAGE_JS),
-            headers={"Content-Security-Policy": self.csp, "X-Content-Type-Options": "nosniff"},
-        )
-        self._set_client(r, request)
-        return r
+    r = HTMLResponse(
+        PAGE_HTML.replace("/*JS*/", PAGE_JS),
+        headers={"Content-Security-Policy": self.csp, "X-Content-Type-Options": "nosniff"},
+    )
+    self._set_client(r, request)
+    return r
 
-    # --- the chat ---------------------------------------------------------------------------------------------------
-    async def start(self, request: Request):
-        """Join (or rejoin) the study with the crowdsourcing site's ids; assignment happens here (50_study.assign).
-        A new session is tied to the browser's cookie (given with the page, or here); a returning PID from another
-        browser is refused. New sessions are rate-limited per client address (`start_limit`)."""
-        from fastapi.responses import JSONResponse
+# %% ../../nbs/study/52_study_app.ipynb #21a7acb5
+@patch
+async def start(self: StudyServer, request: Request):
+    """Join (or rejoin) the study with the crowdsourcing site's ids; assignment happens here (50_study.assign).
+    A new session is tied to the browser's cookie (given with the page, or here); a returning PID from another
+    browser is refused. New sessions are rate-limited per client address (`start_limit`)."""
+    from fastapi.responses import JSONResponse
 
-        b = await self.body_of(request)
+    b = await self.body_of(request)
+    try:
+        pid, study = check_id(b.get("pid"), "PROLIFIC_PID"), check_id(b.get("study"), "STUDY_ID")
+        ext = check_id(b.get("session"), "SESSION_ID")
+    except ValueError as e:
+        return _err(400, str(e))
+    if study != self.cfg.study_id:
+        return _err(400, f"STUDY_ID: this server runs study {self.cfg.study_id!r}; check the study link")
+    if not self.secret():
+        return _err(503, "the study is not configured: its completion-code secret is missing")
+    token = request.cookies.get(COOKIE, "") if self.client_of(request) else secrets.token_urlsafe(32)
+    client = _client_hash(token)
+    if not await asyncio.to_thread(self.store.has_pid, pid):
+        if not self.start_limit.allow(request.client.host if request.client else "?"):
+            r = _err(429, "too many new sessions from your network; please try again in a minute")
+            r.headers["Retry-After"] = "60"
+            return r
+    row, _ = await asyncio.to_thread(self.store.start, self.cfg, pid, ext, client)
+    if row["client"] is None:  # a session from before sessions had owners: the first browser to resume takes it
+        await asyncio.to_thread(self.store.bind, row["id"], client)
+        row = await asyncio.to_thread(self.store.session, row["id"])
+    if not hmac.compare_digest(row["client"], client):
+        return _err(403, "this study link is already in use in another browser; continue there (a chat stays with "
+                    "the browser it started in)")
+    r = JSONResponse(await asyncio.to_thread(self.snapshot, row))
+    if not self.client_of(request):
+        r.set_cookie(COOKIE, token, max_age=7 * 86400, httponly=True, samesite="strict",
+                     secure=request.url.scheme == "https", path="/")
+    return r
+
+@patch
+async def reply(self: StudyServer, row):
+    """SSE events of the agent's turn(s) until it is the participant's move; stores each completed turn. Every way
+    the endpoint can fail (after its retries, `stream_chat`), a tool loop past 8 calls, or an unexpected error ends
+    in one `error` event that leaves the turn retryable; the participant reads a generic message, the log the
+    cause."""
+    import logging
+
+    log = logging.getLogger("scope.study")
+    try:
+        async for ev in self._agent_turns(row):
+            yield ev
+    except Exception as e:  # AgentError (the endpoint) or anything else: nothing partial was stored
+        log.warning("session %s: agent turn failed: %s", row["id"], _redact(str(e))[:500])
+        yield _sse("error", {"message": "The assistant could not answer just now. Please press Retry."})
+
+# %% ../../nbs/study/52_study_app.ipynb #6f58307d
+@patch
+async def _agent_turns(self: StudyServer, row):
+    from scope_nb.core.dialogue import ToolCall
+
+    st = await asyncio.to_thread(self.sessions.state, row)
+    env = self.sessions.env(row["task_type"])
+    ep, cfg = self.cfg.arms[row["arm"]], self.cfg
+    for _ in range(8):
+        if st.next != "agent":
+            break
+        final = None
+        async for ev in stream_chat(
+            ep,
+            st.conversation.view("agent"),
+            env.tools(st, "agent"),
+            retries=cfg.agent_retries,
+            timeout=cfg.agent_timeout,
+        ):
+            if ev[0] == "delta":
+                yield _sse("delta", {"text": ev[1]})
+            else:
+                final = ev
+        _, content, calls = final
+        tcs = [ToolCall(c["id"] or f"call_{i}", c["name"], c["arguments"] or "{}") for i, c in enumerate(calls)]
+        if not await asyncio.to_thread(self._store_agent_turn, row["id"], env, st, content, tcs):
+            yield _sse("ended", {"reason": "The chat was ended."})  # the participant pressed End meanwhile
+            return
+        yield _sse("turn", {"text": content or "", "tool_calls": len(tcs)})
+    if st.next == "agent" and not st.done:
+        raise AgentError("the agent kept calling tools (8 turns) without answering")
+    if st.done:
+        await asyncio.to_thread(self.store.end, row["id"], "agent_end")
+        yield _sse("ended", {"reason": "The assistant ended the conversation."})
+    yield _sse("done", {})
+
+@patch
+def _store_agent_turn(self: StudyServer, sid: str, env, st, content: str, tcs) -> bool:
+    """Apply a completed agent turn (τ² tools run here) and store it with its tool results; False (nothing
+    applied) if the chat was ended meanwhile. Runs in a worker thread."""
+    if self.store.session(sid)["status"] != "active":
+        return False
+    n_before = len(st.conversation.turns)
+    env.apply(st, "agent", content, tcs)
+    calls_out = [{"id": t.id, "name": t.name, "arguments": t.arguments} for t in tcs]
+    new = [{"role": "agent", "content": content, "tool_calls": calls_out}]
+    new += [{"role": "tool", "content": t.message.content} for t in st.conversation.turns[n_before + 1 :]]
+    self.store.add_turns(sid, new)
+    return True
+
+# %% ../../nbs/study/52_study_app.ipynb #2a7a0315
+@patch
+def _take_message(self: StudyServer, sid: str, text: str) -> tuple[dict, str | None]:
+    "Store a participant message (before it is acknowledged) unless refused; (row, refusal). Runs in a thread."
+    row = self.store.session(sid)
+    st = self.sessions.state(row)
+    refusal = self._refusal(row, st)
+    if refusal is None:  # on disk before the acknowledgement (and before the state moves)
+        self.store.add_turns(sid, [{"role": "user", "content": text}])
+        self.sessions.env(row["task_type"]).apply(st, "user", text)
+    return row, refusal
+
+@patch
+def _refusal(self: StudyServer, row, st) -> str | None:
+    "Why a participant message cannot be taken now (None: it can)."
+    cfg = self.cfg
+    if row["status"] != "active":
+        return "this chat has ended"
+    if time.time() > row["started"] + 60 * cfg.max_minutes:
+        return "the time for this chat is up; please press End"
+    if st.next != "user":
+        return "the assistant has not answered yet; press Retry"
+    if sum(t["role"] == "user" for t in self.store.turns(row["id"])) >= cfg.max_turns:
+        return f"you have sent the maximum of {cfg.max_turns} messages; please press End"
+    return None
+
+@patch
+async def message(self: StudyServer, request: Request):
+    "A participant message: checked, stored before it is acknowledged, then the agent's reply streamed."
+    row, b = await self.session_of(request)
+    text = b.get("text")
+    if not isinstance(text, str) or not text.strip():
+        return _err(400, "text: write a message first")
+    if not _is_unicode(text):
+        return _err(400, "text: the message holds characters that are not valid text")
+    if len(text) > self.cfg.max_chars:
+        return _err(400, f"text: at most {self.cfg.max_chars} characters per message (this one has {len(text)})")
+    lock = self.sessions.lock(row["id"])
+    if lock.locked():
+        return _err(409, "wait for the assistant's answer before sending the next message")
+    await lock.acquire()
+    try:
+        row, refusal = await asyncio.to_thread(self._take_message, row["id"], text)
+    except BaseException:
+        lock.release()
+        raise
+    if refusal:
+        lock.release()
+        return _err(409, refusal)
+
+    return self._reply_stream(row, lock, first=_sse("ack", {"text": text}))
+
+# %% ../../nbs/study/52_study_app.ipynb #2b68ca32
+@patch
+def _reply_stream(self: StudyServer, row, lock, first: str | None = None):
+    "The agent's reply as an SSE response (after `first`, if given); the session's lock is released when it ends."
+    async def events():
         try:
-            pid, study = check_id(b.get("pid"), "PROLIFIC_PID"), check_id(b.get("study"), "STUDY_ID")
-            ext = check_id(b.get("session"), "SESSION_ID")
-        except ValueError as e:
-            return _err(400, str(e))
-        if study != self.cfg.study_id:
-            return _err(400, f"STUDY_ID: this server runs study {self.cfg.study_id!r}; check the study link")
-        if not self.secret():
-            return _err(503, "the study is not configured: its completion-code secret is missing")
-        token = request.cookies.get(COOKIE, "") if self.client_of(request) else secrets.token_urlsafe(32)
-        client = _client_hash(token)
-        if not await asyncio.to_thread(self.store.has_pid, pid):
-            if not self.start_limit.allow(request.client.host if request.client else "?"):
-                r = _err(429, "too many new sessions from your network; please try again in a minute")
-                r.headers["Retry-After"] = "60"
-                return r
-        row, _ = await asyncio.to_thread(self.store.start, self.cfg, pid, ext, client)
-        if row["client"] is None:  # a session from before sessions had owners: the first browser to resume takes it
-            await asyncio.to_thread(self.store.bind, row["id"], client)
-            row = await asyncio.to_thread(self.store.session, row["id"])
-        if not hmac.compare_digest(row["client"], client):
-            return _err(403, "this study link is already in use in another browser; continue there (a chat stays with "
-                        "the browser it started in)")
-        r = JSONResponse(await asyncio.to_thread(self.snapshot, row))
-        if not self.client_of(request):
-            r.set_cookie(COOKIE, token, max_age=7 * 86400, httponly=True, samesite="strict",
-                         secure=request.url.scheme == "https", path="/")
-        return r
+            if first is not None: yield first
+            async for ev in self.reply(row): yield ev
+        finally: lock.release()
+    return _streaming(events())
 
-    async def reply(self, row):
-        """SSE events of the agent's turn(s) until it is the participant's move; stores each completed turn. Every way
-        the endpoint can fail (after its retries, `stream_chat`), a tool loop past 8 calls, or an unexpected error ends
-        in one `error` event that leaves the turn retryable; the participant reads a generic message, the log the
-        cause."""
-        import logging
+@patch
+async def agent_turn(self: StudyServer, request: Request):
+    "The agent's pending turn (the opening of a P4G chat, or a retry after an endpoint failure)."
+    row, _ = await self.session_of(request)
+    lock = self.sessions.lock(row["id"])
+    if lock.locked():
+        return _err(409, "the assistant is already answering")
+    st = await asyncio.to_thread(self.sessions.state, row)
+    if row["status"] != "active" or st.next != "agent":
+        return _err(409, "nothing for the assistant to answer")
+    await lock.acquire()
+    return self._reply_stream(row, lock)
 
-        log = logging.getLogger("scope.study")
-        try:
-            async for ev in self._agent_turns(row):
-                yield ev
-        except Exception as e:  # AgentError (the endpoint) or anything else: nothing partial was stored
-            log.warning("session %s: agent turn failed: %s", row["id"], _redact(str(e))[:500])
-            yield _sse("error", {"message": "The assistant could not answer just now. Please press Retry."})
+@patch
+async def end(self: StudyServer, request: Request):
+    "End the chat, also while the assistant is answering (a hanging endpoint must not hold the participant)."
+    row, _ = await self.session_of(request)
 
-    async def _agent_turns(self, row):
-        from scope_nb.core.dialogue import ToolCall
+    def end():
+        self.store.end(row["id"], "participant")
+        return self.snapshot(self.store.session(row["id"]))
 
-        st = await asyncio.to_thread(self.sessions.state, row)
-        env = self.sessions.env(row["task_type"])
-        ep, cfg = self.cfg.arms[row["arm"]], self.cfg
-        for _ in range(8):
-            if st.next != "agent":
-                break
-            final = None
-            async for ev in stream_chat(
-                ep,
-                st.conversation.view("agent"),
-                env.tools(st, "agent"),
-                retries=cfg.agent_retries,
-                timeout=cfg.agent_timeout,
-            ):
-                if ev[0] == "delta":
-                    yield _sse("delta", {"text": ev[1]})
-                else:
-                    final = ev
-            _, content, calls = final
-            tcs = [ToolCall(c["id"] or f"call_{i}", c["name"], c["arguments"] or "{}") for i, c in enumerate(calls)]
-            if not await asyncio.to_thread(self._store_agent_turn, row["id"], env, st, content, tcs):
-                yield _sse("ended", {"reason": "The chat was ended."})  # the participant pressed End meanwhile
-                return
-            yield _sse("turn", {"text": content or "", "tool_calls": len(tcs)})
-        if st.next == "agent" and not st.done:
-            raise AgentError("the agent kept calling tools (8 turns) without answering")
-        if st.done:
-            await asyncio.to_thread(self.store.end, row["id"], "agent_end")
-            yield _sse("ended", {"reason": "The assistant ended the conversation."})
-        yield _sse("done", {})
+    return await asyncio.to_thread(end)
 
-    def _store_agent_turn(self, sid: str, env, st, content: str, tcs) -> bool:
-        """Apply a completed agent turn (τ² tools run here) and store it with its tool results; False (nothing
-        applied) if the chat was ended meanwhile. Runs in a worker thread."""
-        if self.store.session(sid)["status"] != "active":
-            return False
-        n_before = len(st.conversation.turns)
-        env.apply(st, "agent", content, tcs)
-        calls_out = [{"id": t.id, "name": t.name, "arguments": t.arguments} for t in tcs]
-        new = [{"role": "agent", "content": content, "tool_calls": calls_out}]
-        new += [{"role": "tool", "content": t.message.content} for t in st.conversation.turns[n_before + 1 :]]
-        self.store.add_turns(sid, new)
-        return True
+@patch
+async def survey(self: StudyServer, request: Request):
+    row, b = await self.session_of(request)
+    if row["status"] == "active":
+        return _err(409, "end the chat before the survey")
+    if not await asyncio.to_thread(self.qualifies, row):
+        return _err(409, f"this chat had fewer than the {self.cfg.min_turns} messages the study needs: no survey "
+                    "or completion code for it")
+    try:
+        answers = check_survey(row["task_type"], b.get("answers"))
+    except ValueError as e:
+        return _err(400, str(e))
+    if not await asyncio.to_thread(self.store.submit_survey, row["id"], answers):
+        return _err(409, "this survey was already submitted; your code is shown again on the study link")
+    return self.finished(row)
 
-    def _take_message(self, sid: str, text: str) -> tuple[dict, str | None]:
-        "Store a participant message (before it is acknowledged) unless refused; (row, refusal). Runs in a thread."
-        row = self.store.session(sid)
-        st = self.sessions.state(row)
-        refusal = self._refusal(row, st)
-        if refusal is None:  # on disk before the acknowledgement (and before the state moves)
-            self.store.add_turns(sid, [{"role": "user", "content": text}])
-            self.sessions.env(row["task_type"]).apply(st, "user", text)
-        return row, refusal
+# %% ../../nbs/study/52_study_app.ipynb #8a211066
+@patch
+async def export(self: StudyServer, request: Request, format: str = "jsonl"):
+    "Every session with transcript, survey and τ² score, for `scope study analyze` (token-protected)."
+    from fastapi.responses import PlainTextResponse
 
-    def _refusal(self, row, st) -> str | None:
-        "Why a participant message cannot be taken now (None: it can)."
-        cfg = self.cfg
-        if row["status"] != "active":
-            return "this chat has ended"
-        if time.time() > row["started"] + 60 * cfg.max_minutes:
-            return "the time for this chat is up; please press End"
-        if st.next != "user":
-            return "the assistant has not answered yet; press Retry"
-        if sum(t["role"] == "user" for t in self.store.turns(row["id"])) >= cfg.max_turns:
-            return f"you have sent the maximum of {cfg.max_turns} messages; please press End"
-        return None
+    name = self.cfg.admin_token_env
+    token, given = os.environ.get(name, ""), request.headers.get("authorization", "")
+    if not token or not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+        return _err(401, f"admin export: send 'Authorization: Bearer <token>' (the value of ${name})")
+    if format not in ("jsonl", "csv"):
+        return _err(400, "format: use jsonl or csv")
 
-    async def message(self, request: Request):
-        "A participant message: checked, stored before it is acknowledged, then the agent's reply streamed."
-        row, b = await self.session_of(request)
-        text = b.get("text")
-        if not isinstance(text, str) or not text.strip():
-            return _err(400, "text: write a message first")
-        if not _is_unicode(text):
-            return _err(400, "text: the message holds characters that are not valid text")
-        if len(text) > self.cfg.max_chars:
-            return _err(400, f"text: at most {self.cfg.max_chars} characters per message (this one has {len(text)})")
-        lock = self.sessions.lock(row["id"])
-        if lock.locked():
-            return _err(409, "wait for the assistant's answer before sending the next message")
-        await lock.acquire()
-        try:
-            row, refusal = await asyncio.to_thread(self._take_message, row["id"], text)
-        except BaseException:
-            lock.release()
-            raise
-        if refusal:
-            lock.release()
-            return _err(409, refusal)
+    def build() -> str:  # minutes for a large study: off the event loop, so participants are still served
+        rows = export_rows(self.cfg, self.store, self.sessions)
+        return "".join(json.dumps(r) + "\n" for r in rows) if format == "jsonl" else rows_csv(rows)
 
-        return self._reply_stream(row, lock, first=_sse("ack", {"text": text}))
-
-    def _reply_stream(self, row, lock, first: str | None = None):
-        "The agent's reply as an SSE response (after `first`, if given); the session's lock is released when it ends."
-        async def events():
-            try:
-                if first is not None: yield first
-                async for ev in self.reply(row): yield ev
-            finally: lock.release()
-        return _streaming(events())
-
-    async def agent_turn(self, request: Request):
-        "The agent's pending turn (the opening of a P4G chat, or a retry after an endpoint failure)."
-        row, _ = await self.session_of(request)
-        lock = self.sessions.lock(row["id"])
-        if lock.locked():
-            return _err(409, "the assistant is already answering")
-        st = await asyncio.to_thread(self.sessions.state, row)
-        if row["status"] != "active" or st.next != "agent":
-            return _err(409, "nothing for the assistant to answer")
-        await lock.acquire()
-        return self._reply_stream(row, lock)
-
-    async def end(self, request: Request):
-        "End the chat, also while the assistant is answering (a hanging endpoint must not hold the participant)."
-        row, _ = await self.session_of(request)
-
-        def end():
-            self.store.end(row["id"], "participant")
-            return self.snapshot(self.store.session(row["id"]))
-
-        return await asyncio.to_thread(end)
-
-    async def survey(self, request: Request):
-        row, b = await self.session_of(request)
-        if row["status"] == "active":
-            return _err(409, "end the chat before the survey")
-        if not await asyncio.to_thread(self.qualifies, row):
-            return _err(409, f"this chat had fewer than the {self.cfg.min_turns} messages the study needs: no survey "
-                        "or completion code for it")
-        try:
-            answers = check_survey(row["task_type"], b.get("answers"))
-        except ValueError as e:
-            return _err(400, str(e))
-        if not await asyncio.to_thread(self.store.submit_survey, row["id"], answers):
-            return _err(409, "this survey was already submitted; your code is shown again on the study link")
-        return self.finished(row)
-
-    # --- the researcher ---------------------------------------------------------------------------------------------
-    async def export(self, request: Request, format: str = "jsonl"):
-        "Every session with transcript, survey and τ² score, for `scope study analyze` (token-protected)."
-        from fastapi.responses import PlainTextResponse
-
-        name = self.cfg.admin_token_env
-        token, given = os.environ.get(name, ""), request.headers.get("authorization", "")
-        if not token or not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-            return _err(401, f"admin export: send 'Authorization: Bearer <token>' (the value of ${name})")
-        if format not in ("jsonl", "csv"):
-            return _err(400, "format: use jsonl or csv")
-
-        def build() -> str:  # minutes for a large study: off the event loop, so participants are still served
-            rows = export_rows(self.cfg, self.store, self.sessions)
-            return "".join(json.dumps(r) + "\n" for r in rows) if format == "jsonl" else rows_csv(rows)
-
-        media = "application/x-ndjson" if format == "jsonl" else "text/csv"
-        return PlainTextResponse(await asyncio.to_thread(build), media_type=media)
+    media = "application/x-ndjson" if format == "jsonl" else "text/csv"
+    return PlainTextResponse(await asyncio.to_thread(build), media_type=media)
 
 # %% ../../nbs/study/52_study_app.ipynb #2b088669
 def _internal_error(request, e):

@@ -8,6 +8,7 @@ import hashlib, hmac, json, re, threading, time, uuid
 from pathlib import Path
 from pydantic import Field, field_validator, model_validator
 from ..core.dialogue import ConfigError, parse_settings, Settings
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['ARMS', 'TASK_TYPES', 'ADVERSARIAL_AIRLINE', 'TAU2_ITEMS', 'P4G_ITEMS', 'REVERSED', 'Endpoint', 'StudyConfig',
@@ -34,56 +35,32 @@ class StudyConfig(Settings):
     "The study's TOML: arms, task pools, limits, the completion redirect and the names of the secrets' variables."
 
     study_id: str = Field("scope-study", pattern=r"^[A-Za-z0-9_-]{1,64}$", description="stored with every participant")
-    db_url: str = Field(
-        "sqlite:///runs/study/study.db", min_length=1, description="SQLAlchemy URL of the study database"
-    )
+    db_url: str = Field("sqlite:///runs/study/study.db", min_length=1,
+                        description="SQLAlchemy URL of the study database")
     arms: dict[str, Endpoint] = Field(
-        default_factory=dict, description="arm name -> its endpoint (the paper's four: " + ", ".join(ARMS) + ")"
-    )
+        default_factory=dict, description="arm name -> its endpoint (the paper's four: " + ", ".join(ARMS) + ")")
     task_types: dict[str, list[str | int]] = Field(
-        default_factory=lambda: {
-            "tau2-retail": ["0", "1", "2"],
-            "tau2-airline": ["4", "6", "9", "10"],
-            "p4g": ["0", "1", "2"],
-        },
-        description="task type -> its pool: τ² task ids or P4G persona indices",
-    )
+        default_factory=lambda: {"tau2-retail": ["0", "1", "2"], "tau2-airline": ["4", "6", "9", "10"],
+                                 "p4g": ["0", "1", "2"]},
+        description="task type -> its pool: τ² task ids or P4G persona indices")
     max_turns: int = Field(10, ge=1, le=100, description="participant messages per session")
-    min_turns: int = Field(
-        3,
-        ge=0,
-        le=100,
-        description="participant messages a session needs for a completion code (0: none; a chat the agent ends "
-        "counts after one); at most max_turns",
-    )
-    start_limit: int = Field(
-        30,
-        ge=1,
-        le=100000,
-        description="new sessions per minute from one client address (/api/start answers 429 beyond it)",
-    )
+    min_turns: int = Field(3, ge=0, le=100, description="participant messages a session needs for a completion code "
+                           "(0: none; a chat the agent ends counts after one); at most max_turns")
+    start_limit: int = Field(30, ge=1, le=100000, description="new sessions per minute from one client address "
+                             "(/api/start answers 429 beyond it)")
     max_minutes: float = Field(20.0, gt=0, le=240, description="a session ends after this long")
     max_chars: int = Field(2000, ge=1, le=100000, description="characters per participant message")
-    agent_timeout: float = Field(
-        30.0, gt=0, le=600, description="seconds one agent call may take before it counts as failed"
-    )
-    agent_retries: int = Field(
-        1,
-        ge=0,
-        le=10,
-        description="retries of a failed agent call; the participant sees an error "
-        "(and Retry) after at most (retries + 1) × agent_timeout",
-    )
+    agent_timeout: float = Field(30.0, gt=0, le=600,
+                                 description="seconds one agent call may take before it counts as failed")
+    agent_retries: int = Field(1, ge=0, le=10, description="retries of a failed agent call; the participant sees an "
+                               "error (and Retry) after at most (retries + 1) × agent_timeout")
     redirect_url: str = Field(
         "https://example.org/complete?cc={code}",
-        description="where a finished participant goes; {code} is replaced by the completion code",
-    )
-    secret_env: str = Field(
-        "SCOPE_STUDY_SECRET", pattern=_ENV_NAME, description="NAME of the variable holding the HMAC secret"
-    )
-    admin_token_env: str = Field(
-        "SCOPE_STUDY_ADMIN_TOKEN", pattern=_ENV_NAME, description="NAME of the variable holding the admin token"
-    )
+        description="where a finished participant goes; {code} is replaced by the completion code")
+    secret_env: str = Field("SCOPE_STUDY_SECRET", pattern=_ENV_NAME,
+                            description="NAME of the variable holding the HMAC secret")
+    admin_token_env: str = Field("SCOPE_STUDY_ADMIN_TOKEN", pattern=_ENV_NAME,
+                                 description="NAME of the variable holding the admin token")
 
     @field_validator("arms")
     @classmethod
@@ -220,143 +197,160 @@ class Store:
         self.t = self.md.tables
         self.lock = threading.Lock()
 
-    def session(self, sid: str) -> dict | None:
-        import sqlalchemy as sa
+# %% ../../nbs/study/50_study.ipynb #c828a360
+@patch
+def session(self: Store, sid: str) -> dict | None:
+    import sqlalchemy as sa
 
-        with self.engine.connect() as c:
-            r = c.execute(sa.select(self.t["sessions"]).where(self.t["sessions"].c.id == sid)).mappings().first()
-        return dict(r) if r else None
+    with self.engine.connect() as c:
+        r = c.execute(sa.select(self.t["sessions"]).where(self.t["sessions"].c.id == sid)).mappings().first()
+    return dict(r) if r else None
 
-    def has_pid(self, pid: str) -> bool:
-        import sqlalchemy as sa
+@patch
+def has_pid(self: Store, pid: str) -> bool:
+    import sqlalchemy as sa
 
-        with self.engine.connect() as c:
-            s = self.t["sessions"]
-            return c.execute(sa.select(s.c.id).where(s.c.pid == pid)).first() is not None
-
-    def counts(self, c, cfg: StudyConfig, now: float) -> dict:
-        """Sessions per (task type, arm) that count for balance: surveyed ones, and those still within their time (plus
-        10 minutes for the survey). Abandoned sessions and ones that ended too short to be surveyed stop counting."""
-        import sqlalchemy as sa
-
+    with self.engine.connect() as c:
         s = self.t["sessions"]
-        live = sa.or_(s.c.status == "surveyed", s.c.started > now - 60 * (cfg.max_minutes + 10))
-        q = sa.select(s.c.task_type, s.c.arm, sa.func.count()).where(live).group_by(s.c.task_type, s.c.arm)
-        return {(tt, arm): n for tt, arm, n in c.execute(q)}
+        return c.execute(sa.select(s.c.id).where(s.c.pid == pid)).first() is not None
 
-    def start(self, cfg: StudyConfig, pid: str, ext_session: str = "", client: str | None = None) -> tuple[dict, bool]:
-        """The participant's session: the existing one (returning participant) or a new, balanced assignment tied to
-        `client` (the hash of the browser's cookie); (row, created)."""
-        import sqlalchemy as sa
+@patch
+def counts(self: Store, c, cfg: StudyConfig, now: float) -> dict:
+    """Sessions per (task type, arm) that count for balance: surveyed ones, and those still within their time (plus
+    10 minutes for the survey). Abandoned sessions and ones that ended too short to be surveyed stop counting."""
+    import sqlalchemy as sa
 
-        with self.lock, self.engine.begin() as c:
-            r = c.execute(sa.select(self.t["sessions"]).where(self.t["sessions"].c.pid == pid)).mappings().first()
-            if r:
-                return dict(r), False
-            now = time.time()
-            task_type, task_id, arm = assign(cfg, pid, self.counts(c, cfg, now))
-            row = dict(
-                id=str(uuid.uuid4()),
-                pid=pid,
-                study_id=cfg.study_id,
-                ext_session=ext_session,
-                task_type=task_type,
-                task_id=task_id,
-                arm=arm,
-                status="active",
-                started=now,
-                ended=None,
-                end_reason=None,
-                client=client,
-            )
-            c.execute(sa.insert(self.t["participants"]).values(pid=pid, study_id=cfg.study_id, created=row["started"]))
-            c.execute(sa.insert(self.t["sessions"]).values(**row))
-        return row, True
+    s = self.t["sessions"]
+    live = sa.or_(s.c.status == "surveyed", s.c.started > now - 60 * (cfg.max_minutes + 10))
+    q = sa.select(s.c.task_type, s.c.arm, sa.func.count()).where(live).group_by(s.c.task_type, s.c.arm)
+    return {(tt, arm): n for tt, arm, n in c.execute(q)}
 
-    def turns(self, sid: str) -> list[dict]:
-        import sqlalchemy as sa
+# %% ../../nbs/study/50_study.ipynb #9084dafd
+@patch
+def start(self: Store,
+          cfg: StudyConfig, pid: str, ext_session: str = "", client: str | None = None) -> tuple[dict, bool]:
+    """The participant's session: the existing one (returning participant) or a new, balanced assignment tied to
+    `client` (the hash of the browser's cookie); (row, created)."""
+    import sqlalchemy as sa
 
-        t = self.t["turns"]
-        with self.engine.connect() as c:
-            rows = c.execute(sa.select(t).where(t.c.session_id == sid).order_by(t.c.idx)).mappings().all()
-        return [dict(r, tool_calls=json.loads(r["tool_calls"]) if r["tool_calls"] else []) for r in rows]
+    with self.lock, self.engine.begin() as c:
+        r = c.execute(sa.select(self.t["sessions"]).where(self.t["sessions"].c.pid == pid)).mappings().first()
+        if r:
+            return dict(r), False
+        now = time.time()
+        task_type, task_id, arm = assign(cfg, pid, self.counts(c, cfg, now))
+        row = dict(
+            id=str(uuid.uuid4()),
+            pid=pid,
+            study_id=cfg.study_id,
+            ext_session=ext_session,
+            task_type=task_type,
+            task_id=task_id,
+            arm=arm,
+            status="active",
+            started=now,
+            ended=None,
+            end_reason=None,
+            client=client,
+        )
+        c.execute(sa.insert(self.t["participants"]).values(pid=pid, study_id=cfg.study_id, created=row["started"]))
+        c.execute(sa.insert(self.t["sessions"]).values(**row))
+    return row, True
 
-    def add_turns(self, sid: str, turns: list[dict]) -> None:
-        "Append turns (role, content, tool_calls) atomically; returns once they are on disk."
-        import sqlalchemy as sa
+@patch
+def turns(self: Store, sid: str) -> list[dict]:
+    import sqlalchemy as sa
 
-        t = self.t["turns"]
-        with self.engine.begin() as c:
-            n = c.execute(sa.select(sa.func.count()).where(t.c.session_id == sid)).scalar()
-            c.execute(
-                sa.insert(t),
-                [
-                    dict(
-                        session_id=sid,
-                        idx=n + i,
-                        role=x["role"],
-                        content=x.get("content"),
-                        tool_calls=json.dumps(x.get("tool_calls") or []),
-                        created=time.time(),
-                    )
-                    for i, x in enumerate(turns)
-                ],
-            )
+    t = self.t["turns"]
+    with self.engine.connect() as c:
+        rows = c.execute(sa.select(t).where(t.c.session_id == sid).order_by(t.c.idx)).mappings().all()
+    return [dict(r, tool_calls=json.loads(r["tool_calls"]) if r["tool_calls"] else []) for r in rows]
 
-    def bind(self, sid: str, client: str) -> None:
-        "Tie a session made before sessions had an owner to the browser that resumes it first."
-        import sqlalchemy as sa
+# %% ../../nbs/study/50_study.ipynb #f7220923
+@patch
+def add_turns(self: Store, sid: str, turns: list[dict]) -> None:
+    "Append turns (role, content, tool_calls) atomically; returns once they are on disk."
+    import sqlalchemy as sa
 
-        s = self.t["sessions"]
-        with self.engine.begin() as c:
-            c.execute(sa.update(s).where(s.c.id == sid, s.c.client.is_(None)).values(client=client))
+    t = self.t["turns"]
+    with self.engine.begin() as c:
+        n = c.execute(sa.select(sa.func.count()).where(t.c.session_id == sid)).scalar()
+        c.execute(
+            sa.insert(t),
+            [
+                dict(
+                    session_id=sid,
+                    idx=n + i,
+                    role=x["role"],
+                    content=x.get("content"),
+                    tool_calls=json.dumps(x.get("tool_calls") or []),
+                    created=time.time(),
+                )
+                for i, x in enumerate(turns)
+            ],
+        )
 
-    def n_user_turns(self, sid: str) -> int:
-        import sqlalchemy as sa
+@patch
+def bind(self: Store, sid: str, client: str) -> None:
+    "Tie a session made before sessions had an owner to the browser that resumes it first."
+    import sqlalchemy as sa
 
-        t = self.t["turns"]
-        with self.engine.connect() as c:
-            return c.execute(sa.select(sa.func.count()).where(t.c.session_id == sid, t.c.role == "user")).scalar()
+    s = self.t["sessions"]
+    with self.engine.begin() as c:
+        c.execute(sa.update(s).where(s.c.id == sid, s.c.client.is_(None)).values(client=client))
 
-    def end(self, sid: str, reason: str) -> None:
-        import sqlalchemy as sa
+@patch
+def n_user_turns(self: Store, sid: str) -> int:
+    import sqlalchemy as sa
 
-        s = self.t["sessions"]
-        with self.engine.begin() as c:
-            c.execute(
-                sa.update(s)
-                .where(s.c.id == sid, s.c.status == "active")
-                .values(status="ended", ended=time.time(), end_reason=reason)
-            )
+    t = self.t["turns"]
+    with self.engine.connect() as c:
+        return c.execute(sa.select(sa.func.count()).where(t.c.session_id == sid, t.c.role == "user")).scalar()
 
-    def submit_survey(self, sid: str, answers: dict) -> bool:
-        "Store the survey once; False if this session already has one (a replayed submission)."
-        import sqlalchemy as sa
+@patch
+def end(self: Store, sid: str, reason: str) -> None:
+    import sqlalchemy as sa
 
-        s, sv = self.t["sessions"], self.t["surveys"]
-        with self.lock, self.engine.begin() as c:
-            if c.execute(sa.select(sv.c.session_id).where(sv.c.session_id == sid)).first():
-                return False
-            c.execute(sa.insert(sv).values(session_id=sid, answers=json.dumps(answers), created=time.time()))
-            c.execute(sa.update(s).where(s.c.id == sid).values(status="surveyed"))
-        return True
+    s = self.t["sessions"]
+    with self.engine.begin() as c:
+        c.execute(
+            sa.update(s)
+            .where(s.c.id == sid, s.c.status == "active")
+            .values(status="ended", ended=time.time(), end_reason=reason)
+        )
 
-    def survey(self, sid: str) -> dict | None:
-        import sqlalchemy as sa
+# %% ../../nbs/study/50_study.ipynb #33238da2
+@patch
+def submit_survey(self: Store, sid: str, answers: dict) -> bool:
+    "Store the survey once; False if this session already has one (a replayed submission)."
+    import sqlalchemy as sa
 
-        sv = self.t["surveys"]
-        with self.engine.connect() as c:
-            r = c.execute(sa.select(sv.c.answers).where(sv.c.session_id == sid)).first()
-        return json.loads(r[0]) if r else None
+    s, sv = self.t["sessions"], self.t["surveys"]
+    with self.lock, self.engine.begin() as c:
+        if c.execute(sa.select(sv.c.session_id).where(sv.c.session_id == sid)).first():
+            return False
+        c.execute(sa.insert(sv).values(session_id=sid, answers=json.dumps(answers), created=time.time()))
+        c.execute(sa.update(s).where(s.c.id == sid).values(status="surveyed"))
+    return True
 
-    def all_sessions(self) -> list[dict]:
-        import sqlalchemy as sa
+@patch
+def survey(self: Store, sid: str) -> dict | None:
+    import sqlalchemy as sa
 
-        with self.engine.connect() as c:
-            return [
-                dict(r)
-                for r in c.execute(sa.select(self.t["sessions"]).order_by(self.t["sessions"].c.started)).mappings()
-            ]
+    sv = self.t["surveys"]
+    with self.engine.connect() as c:
+        r = c.execute(sa.select(sv.c.answers).where(sv.c.session_id == sid)).first()
+    return json.loads(r[0]) if r else None
+
+@patch
+def all_sessions(self: Store) -> list[dict]:
+    import sqlalchemy as sa
+
+    with self.engine.connect() as c:
+        return [
+            dict(r)
+            for r in c.execute(sa.select(self.t["sessions"]).order_by(self.t["sessions"].c.started)).mappings()
+        ]
 
 # %% ../../nbs/study/50_study.ipynb #493311d3
 def _tie(pid: str, name: str) -> str: return hashlib.sha256(f"{pid}\x00{name}".encode()).hexdigest()

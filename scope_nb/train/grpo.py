@@ -12,6 +12,7 @@ from pydantic import Field, field_validator
 from ..core.dialogue import Settings
 from ..core.episodes import Episode, RoleTrajectory, group_episodes
 from ..core.policy import LocalPolicy, first_scored, token_logprobs
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['ADVANTAGES', 'group_advantages', 'k3_kl', 'clipped_surrogate', 'GRPOConfig', 'freeze_except', 'enable_checkpointing',
@@ -167,15 +168,6 @@ class GRPOTrainer:
         self.ref = copy.deepcopy(self.model).eval().requires_grad_(False) if copy_ref else None
         self.opt = self._optimizer()
 
-    def _optimizer(self):
-        cfg = self.cfg
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        if cfg.optimizer == "sgd":
-            return torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-        if cfg.optimizer != "adamw":
-            raise ValueError(f"optimizer {cfg.optimizer!r}: use 'adamw' or 'sgd'")
-        return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
-
     # parallel backends (60_fsdp, 62_megatron_train) override these: which items this process computes, how many
     # micro-batches every process runs, how much each process's loss counts, how per-process statistics are summed, how
     # a model scores tokens, how gradients are clipped
@@ -186,14 +178,6 @@ class GRPOTrainer:
         "Micro-batches every process runs for a minibatch of `n` items (the same on every rank of a group)."
         return -(-n // self.cfg.micro_batch)
 
-    def _micro_batches(self, mb: list) -> list[tuple[list, float]]:
-        """This process's micro-batches of minibatch `mb`, each with its weight: 1 for its own items, 0 for the
-        stand-in passes that fill up to `_n_micro` (a rank with fewer items, or none, still takes part in every
-        collective of a sharded forward and backward, so no rank waits for one that never comes)."""
-        local, m = self._local(mb), self.cfg.micro_batch
-        own = [(local[k : k + m], 1.0) for k in range(0, len(local), m)]
-        return own + [(mb[:1], 0.0)] * (self._n_micro(len(mb)) - len(own))
-
     def _loss_scale(self) -> float:
         return 1.0
 
@@ -203,18 +187,6 @@ class GRPOTrainer:
     def _max(self, x: float) -> float:
         "The largest of `x` over the ranks that split the items (one process: `x`)."
         return x
-
-    def _logprobs(self, model, seqs, with_entropy: bool = True, start: int = 1):
-        with self._autocast():
-            pad = self.policy.pad_id
-            return token_logprobs(model, seqs, self.temperature, pad, with_entropy=with_entropy, start=start)
-
-    def _autocast(self):
-        "bfloat16 compute for `mixed_precision = 'bf16'` (the parameters stay float32: the optimizer's master copy)."
-        if self.cfg.mixed_precision != "bf16":
-            return contextlib.nullcontext()
-        dev = next(self.model.parameters()).device.type
-        return torch.autocast(dev, dtype=torch.bfloat16)
 
     def _clip_grads(self) -> float:
         return float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip))
@@ -232,117 +204,159 @@ class GRPOTrainer:
     def load_opt_state_dict(self, sd: dict) -> None:
         self.opt.load_state_dict(sd)
 
-    def _micro_loss(self, micro, n_tok: int, stats: dict, weight: float = 1.0, gap: dict | None = None,
-                    before: list | None = None) -> torch.Tensor:
-        """Token-level clipped surrogate + entropy bonus + k3 KL of one micro-batch, normalised by the minibatch's
-        tokens; `weight` 0 makes a stand-in pass that adds nothing to the loss, the gradients or `stats`. With `gap`
-        (passes before the first optimizer step) it also sums |trainer logprob - sampling logprob| over the tokens.
-        With `grpo.tis_cap`, `before` holds the trainer's logprobs of these sequences from before the update (None:
-        the weights have not moved yet, so they are this pass's own)."""
-        cfg = self.cfg
-        seqs = [t.token_ids for t, _ in micro]
-        start = first_scored([t.loss_mask for t, _ in micro])  # nothing before the first own token enters the loss
-        lp, ent, att = self._logprobs(self.model, seqs, start=start)
-        L = lp.shape[1]
+# %% ../../nbs/train/32_grpo.ipynb #ecff37b1
+@patch
+def _optimizer(self: GRPOTrainer):
+    cfg = self.cfg
+    params = [p for p in self.model.parameters() if p.requires_grad]
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    if cfg.optimizer != "adamw":
+        raise ValueError(f"optimizer {cfg.optimizer!r}: use 'adamw' or 'sgd'")
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay)
 
-        def pad_to(xs, v):
-            return torch.tensor([x + [v] * (L - len(x)) for x in xs], dtype=torch.float32, device=lp.device)
+@patch
+def _micro_batches(self: GRPOTrainer, mb: list) -> list[tuple[list, float]]:
+    """This process's micro-batches of minibatch `mb`, each with its weight: 1 for its own items, 0 for the
+    stand-in passes that fill up to `_n_micro` (a rank with fewer items, or none, still takes part in every
+    collective of a sharded forward and backward, so no rank waits for one that never comes)."""
+    local, m = self._local(mb), self.cfg.micro_batch
+    own = [(local[k : k + m], 1.0) for k in range(0, len(local), m)]
+    return own + [(mb[:1], 0.0)] * (self._n_micro(len(mb)) - len(own))
 
-        mask = pad_to([t.loss_mask for t, _ in micro], 0) * weight
-        old = pad_to([t.logprobs for t, _ in micro], 0.0)
-        adv = torch.tensor([a for _, a in micro], dtype=torch.float32, device=lp.device)[:, None].expand(-1, L)
-        if cfg.tis_cap > 0:  # truncated importance sampling: the ratio against the trainer, the engine as a weight
-            base = lp.detach() if before is None else pad_to(before, 0.0)
-            w = torch.clamp(torch.exp(base - old), max=cfg.tis_cap)
-            surr, clipped = clipped_surrogate(lp, base, adv, cfg.clip_low, cfg.clip_high)
-            surr = surr * w
-            stats["tis_weight"] += float((w * mask).sum())
-            stats["tis_capped"] += float(((base - old) > math.log(cfg.tis_cap)).float().mul(mask).sum())
-        else:
-            surr, clipped = clipped_surrogate(lp, old, adv, cfg.clip_low, cfg.clip_high)
-        if gap is not None:  # the training-inference gap: same weights, the engine's numerics vs the trainer's
-            d = (lp.detach() - old).abs() * (mask > 0)
-            gap.update(sum=gap["sum"] + float(d.sum()), n=gap["n"] + float((mask > 0).sum()),
-                       max=max(gap["max"], float(d.max())))
-        loss_tok = -surr - cfg.entropy_coef * ent
-        if self.ref is not None or self.base_ref:
-            off = self.model.disable_adapter() if self.base_ref else contextlib.nullcontext()
-            with torch.no_grad(), off:
-                ref_lp, _, _ = self._logprobs(self.ref or self.model, seqs, with_entropy=False, start=start)
-            kl = k3_kl(lp, ref_lp)
-            loss_tok = loss_tok + cfg.kl_coef * kl
-            stats["kl"] += float((kl.detach() * mask).sum())
-        stats["clipfrac"] += float((clipped.float() * mask).sum())
-        stats["entropy"] += float((ent.detach() * mask).sum())
-        return (loss_tok * mask).sum() / n_tok
+@patch
+def _logprobs(self: GRPOTrainer, model, seqs, with_entropy: bool = True, start: int = 1):
+    with self._autocast():
+        pad = self.policy.pad_id
+        return token_logprobs(model, seqs, self.temperature, pad, with_entropy=with_entropy, start=start)
 
-    def step(self, items: list[tuple[RoleTrajectory, float]]) -> dict:
-        "One GRPO update on (trajectory, advantage) pairs; returns loss, kl, clipfrac, grad_norm, entropy, tokens."
-        cfg = self.cfg
-        items = [(t, -a if cfg.flip_advantage else a) for t, a in items if t.n_generated > 0]
-        stats = dict(loss=0.0, kl=0.0, clipfrac=0.0, entropy=0.0, grad_norm=0.0, tokens=0, logprob_gap=0.0,
-                     logprob_gap_max=0.0, tis_weight=0.0, tis_capped=0.0)
-        if not items:
-            return stats
-        self.model.train()
-        self._checkpointing(cfg.gradient_checkpointing)
-        try:
-            self._update(items, stats)
-        finally:
-            self._checkpointing(False)
-            self.model.eval()
+@patch
+def _autocast(self: GRPOTrainer):
+    "bfloat16 compute for `mixed_precision = 'bf16'` (the parameters stay float32: the optimizer's master copy)."
+    if self.cfg.mixed_precision != "bf16":
+        return contextlib.nullcontext()
+    dev = next(self.model.parameters()).device.type
+    return torch.autocast(dev, dtype=torch.bfloat16)
+
+# %% ../../nbs/train/32_grpo.ipynb #3cf2b04a
+@patch
+def _micro_loss(self: GRPOTrainer, micro, n_tok: int, stats: dict, weight: float = 1.0, gap: dict | None = None,
+                before: list | None = None) -> torch.Tensor:
+    """Token-level clipped surrogate + entropy bonus + k3 KL of one micro-batch, normalised by the minibatch's
+    tokens; `weight` 0 makes a stand-in pass that adds nothing to the loss, the gradients or `stats`. With `gap`
+    (passes before the first optimizer step) it also sums |trainer logprob - sampling logprob| over the tokens.
+    With `grpo.tis_cap`, `before` holds the trainer's logprobs of these sequences from before the update (None:
+    the weights have not moved yet, so they are this pass's own)."""
+    cfg = self.cfg
+    seqs = [t.token_ids for t, _ in micro]
+    start = first_scored([t.loss_mask for t, _ in micro])  # nothing before the first own token enters the loss
+    lp, ent, att = self._logprobs(self.model, seqs, start=start)
+    L = lp.shape[1]
+
+    def pad_to(xs, v):
+        return torch.tensor([x + [v] * (L - len(x)) for x in xs], dtype=torch.float32, device=lp.device)
+
+    mask = pad_to([t.loss_mask for t, _ in micro], 0) * weight
+    old = pad_to([t.logprobs for t, _ in micro], 0.0)
+    adv = torch.tensor([a for _, a in micro], dtype=torch.float32, device=lp.device)[:, None].expand(-1, L)
+    if cfg.tis_cap > 0:  # truncated importance sampling: the ratio against the trainer, the engine as a weight
+        base = lp.detach() if before is None else pad_to(before, 0.0)
+        w = torch.clamp(torch.exp(base - old), max=cfg.tis_cap)
+        surr, clipped = clipped_surrogate(lp, base, adv, cfg.clip_low, cfg.clip_high)
+        surr = surr * w
+        stats["tis_weight"] += float((w * mask).sum())
+        stats["tis_capped"] += float(((base - old) > math.log(cfg.tis_cap)).float().mul(mask).sum())
+    else:
+        surr, clipped = clipped_surrogate(lp, old, adv, cfg.clip_low, cfg.clip_high)
+    if gap is not None:  # the training-inference gap: same weights, the engine's numerics vs the trainer's
+        d = (lp.detach() - old).abs() * (mask > 0)
+        gap.update(sum=gap["sum"] + float(d.sum()), n=gap["n"] + float((mask > 0).sum()),
+                   max=max(gap["max"], float(d.max())))
+    loss_tok = -surr - cfg.entropy_coef * ent
+    if self.ref is not None or self.base_ref:
+        off = self.model.disable_adapter() if self.base_ref else contextlib.nullcontext()
+        with torch.no_grad(), off:
+            ref_lp, _, _ = self._logprobs(self.ref or self.model, seqs, with_entropy=False, start=start)
+        kl = k3_kl(lp, ref_lp)
+        loss_tok = loss_tok + cfg.kl_coef * kl
+        stats["kl"] += float((kl.detach() * mask).sum())
+    stats["clipfrac"] += float((clipped.float() * mask).sum())
+    stats["entropy"] += float((ent.detach() * mask).sum())
+    return (loss_tok * mask).sum() / n_tok
+
+# %% ../../nbs/train/32_grpo.ipynb #8bdc0be9
+@patch
+def step(self: GRPOTrainer, items: list[tuple[RoleTrajectory, float]]) -> dict:
+    "One GRPO update on (trajectory, advantage) pairs; returns loss, kl, clipfrac, grad_norm, entropy, tokens."
+    cfg = self.cfg
+    items = [(t, -a if cfg.flip_advantage else a) for t, a in items if t.n_generated > 0]
+    stats = dict(loss=0.0, kl=0.0, clipfrac=0.0, entropy=0.0, grad_norm=0.0, tokens=0, logprob_gap=0.0,
+                 logprob_gap_max=0.0, tis_weight=0.0, tis_capped=0.0)
+    if not items:
         return stats
+    self.model.train()
+    self._checkpointing(cfg.gradient_checkpointing)
+    try:
+        self._update(items, stats)
+    finally:
+        self._checkpointing(False)
+        self.model.eval()
+    return stats
 
-    def _checkpointing(self, on: bool) -> None:
-        "Gradient checkpointing on for an update, off afterwards (HF models; 62_megatron_train wraps its layers)."
-        if self.cfg.gradient_checkpointing:
-            enable_checkpointing(self.model, on)
+@patch
+def _checkpointing(self: GRPOTrainer, on: bool) -> None:
+    "Gradient checkpointing on for an update, off afterwards (HF models; 62_megatron_train wraps its layers)."
+    if self.cfg.gradient_checkpointing:
+        enable_checkpointing(self.model, on)
 
-    def _update(self, items: list, stats: dict) -> None:
-        "The optimizer steps of `step` (model in training mode); fills `stats`."
-        cfg = self.cfg
-        n_upd = max(1, min(cfg.updates_per_batch, len(items)))
-        minibatches = [items[k::n_upd] for k in range(n_upd)]
-        sums = dict(loss=0.0, kl=0.0, clipfrac=0.0, entropy=0.0, tis_weight=0.0, tis_capped=0.0)
-        gap = dict(sum=0.0, n=0.0, max=0.0)
-        before = self._scores_before(minibatches[1:]) if cfg.tis_cap > 0 else {}
-        for u, mb in enumerate(minibatches):
-            n_tok = sum(t.n_generated for t, _ in mb)  # every process sees every item, so this is the global count
-            self.opt.zero_grad(set_to_none=True)
-            for micro, weight in self._micro_batches(mb):
-                b = [before[id(t)] for t, _ in micro] if u > 0 and before else None
-                loss = self._micro_loss(micro, n_tok, sums, weight, gap if u == 0 else None, b)
-                (loss * self._loss_scale()).backward()
-                sums["loss"] += float(loss.detach()) / n_upd
-            stats["grad_norm"] += self._clip_grads() / n_upd
-            self.opt.step()
-        sums = self._sum({**sums, "gap_sum": gap["sum"], "gap_n": gap["n"]})
-        total = sum(t.n_generated for t, _ in items)
-        stats.update(
-            loss=sums["loss"],
-            kl=sums["kl"] / total,
-            clipfrac=sums["clipfrac"] / total,
-            entropy=sums["entropy"] / total,
-            tokens=total,
-            logprob_gap=sums["gap_sum"] / max(sums["gap_n"], 1.0),
-            logprob_gap_max=self._max(gap["max"]),
-            tis_weight=sums["tis_weight"] / total,
-            tis_capped=sums["tis_capped"] / total,
-        )
+# %% ../../nbs/train/32_grpo.ipynb #3bf217c0
+@patch
+def _update(self: GRPOTrainer, items: list, stats: dict) -> None:
+    "The optimizer steps of `step` (model in training mode); fills `stats`."
+    cfg = self.cfg
+    n_upd = max(1, min(cfg.updates_per_batch, len(items)))
+    minibatches = [items[k::n_upd] for k in range(n_upd)]
+    sums = dict(loss=0.0, kl=0.0, clipfrac=0.0, entropy=0.0, tis_weight=0.0, tis_capped=0.0)
+    gap = dict(sum=0.0, n=0.0, max=0.0)
+    before = self._scores_before(minibatches[1:]) if cfg.tis_cap > 0 else {}
+    for u, mb in enumerate(minibatches):
+        n_tok = sum(t.n_generated for t, _ in mb)  # every process sees every item, so this is the global count
+        self.opt.zero_grad(set_to_none=True)
+        for micro, weight in self._micro_batches(mb):
+            b = [before[id(t)] for t, _ in micro] if u > 0 and before else None
+            loss = self._micro_loss(micro, n_tok, sums, weight, gap if u == 0 else None, b)
+            (loss * self._loss_scale()).backward()
+            sums["loss"] += float(loss.detach()) / n_upd
+        stats["grad_norm"] += self._clip_grads() / n_upd
+        self.opt.step()
+    sums = self._sum({**sums, "gap_sum": gap["sum"], "gap_n": gap["n"]})
+    total = sum(t.n_generated for t, _ in items)
+    stats.update(
+        loss=sums["loss"],
+        kl=sums["kl"] / total,
+        clipfrac=sums["clipfrac"] / total,
+        entropy=sums["entropy"] / total,
+        tokens=total,
+        logprob_gap=sums["gap_sum"] / max(sums["gap_n"], 1.0),
+        logprob_gap_max=self._max(gap["max"]),
+        tis_weight=sums["tis_weight"] / total,
+        tis_capped=sums["tis_capped"] / total,
+    )
 
-    @torch.no_grad()
-    def _scores_before(self, minibatches: list) -> dict:
-        """The trainer's logprobs of every sequence in `minibatches` under the weights before the update (id of the
-        trajectory -> per-token list), for `tis_cap` with several minibatches; every rank runs the same passes."""
-        out = {}
-        for mb in minibatches:
-            for micro, _ in self._micro_batches(mb):
-                seqs = [t.token_ids for t, _ in micro]
-                start = first_scored([t.loss_mask for t, _ in micro])
-                lp, _, _ = self._logprobs(self.model, seqs, with_entropy=False, start=start)
-                for (t, _), row in zip(micro, lp):
-                    out[id(t)] = row[: len(t.token_ids)].tolist()
-        return out
+@patch
+@torch.no_grad()
+def _scores_before(self: GRPOTrainer, minibatches: list) -> dict:
+    """The trainer's logprobs of every sequence in `minibatches` under the weights before the update (id of the
+    trajectory -> per-token list), for `tis_cap` with several minibatches; every rank runs the same passes."""
+    out = {}
+    for mb in minibatches:
+        for micro, _ in self._micro_batches(mb):
+            seqs = [t.token_ids for t, _ in micro]
+            start = first_scored([t.loss_mask for t, _ in micro])
+            lp, _, _ = self._logprobs(self.model, seqs, with_entropy=False, start=start)
+            for (t, _), row in zip(micro, lp):
+                out[id(t)] = row[: len(t.token_ids)].tolist()
+    return out
 
 # %% ../../nbs/train/32_grpo.ipynb #3e380850
 def role_items(

@@ -36,6 +36,67 @@ def _respond(speaker: Speaker, reqs: list[Request], temperature, batched: bool) 
         replies = [Reply(None, failed=True, error=f"{type(e).__name__}: {e}") for _ in reqs]
     return replies, time.perf_counter() - t0
 
+# %% ../../nbs/train/31_rollout.ipynb #052b872b
+def _round(env, states, speakers, streams, groups, G, first_group, temperatures) -> list[tuple]:
+    """One round's jobs, one per speaker: (speaker, the live episodes it answers next, their requests, temperature).
+    No live episode: no jobs, and the rollout is over."""
+    by_speaker: dict[int, tuple[Speaker, list[int]]] = {}
+    for i, st in enumerate(states):
+        if not st.done:
+            sp = speakers[st.next]
+            by_speaker.setdefault(id(sp), (sp, []))[1].append(i)
+    jobs = []
+    for sp, idx in by_speaker.values():
+        reqs = [
+            Request(
+                states[i].conversation.view(states[i].next),
+                streams.get((i, states[i].next)),
+                env.tools(states[i], states[i].next),
+                states[i].agent_turns,
+                f"{groups[i]}/{i % G}",
+                first_group + i // G,
+                i % G,
+            )
+            for i in idx
+        ]
+        # one temperature per call: requests of a shared (self-play) policy use the first role's temperature
+        jobs.append((sp, idx, reqs, temperatures.get(states[idx[0]].next)))
+    return jobs
+
+
+def _answer(jobs, batched: bool) -> list[tuple]:
+    "Each job with its (replies, seconds): speakers that declare `concurrent` answer in threads, the others in turn."
+    concurrent = [j for j in jobs if getattr(j[0], "concurrent", False)]
+    with ThreadPoolExecutor(max_workers=max(1, len(concurrent))) as pool:
+        futs = [(j, pool.submit(_respond, j[0], j[2], j[3], batched)) for j in concurrent]
+        results = [(j, _respond(j[0], j[2], j[3], batched)) for j in jobs if j not in concurrent]
+        results += [(j, f.result()) for j, f in futs]
+    return results
+
+
+def _absorb(env, states, results, errors, truncated, infos, seconds, models):
+    """Apply every reply to its episode. A failed reply, or an environment that raises on one, ends that episode
+    with its reason in `errors` (never a silent score); truncations, reply info and the answering model are kept."""
+    for (sp, idx, _, _), (replies, secs) in results:
+        seconds[sp.name] = seconds.get(sp.name, 0.0) + secs
+        for i, rep in zip(idx, replies):
+            st, role = states[i], states[i].next
+            if rep.failed:
+                errors[i] = f"{role} ({sp.name}): {rep.error or 'failed'}"
+                st.next = None
+                continue
+            if rep.truncated:
+                truncated.setdefault(i, set()).add(role)
+            if rep.info:
+                infos[i].append({"role": role, "turn": st.agent_turns, **rep.info})
+            if "model" in rep.info:
+                models[(i, role)] = rep.info["model"]  # e.g. the pool checkpoint that answered
+            try:
+                env.apply(st, role, rep.content, rep.tool_calls)
+            except Exception as e:
+                errors[i] = f"environment {env.name}: {type(e).__name__}: {e}"
+                st.next = None
+
 # %% ../../nbs/train/31_rollout.ipynb #ed883137
 def rollout(
     env: Env,
@@ -60,54 +121,8 @@ def rollout(
     ]
     streams = {(i, r): TokenStream() for i in range(len(states)) for r in trainable}
     errors, truncated, infos, seconds, models = {}, {}, [[] for _ in states], {}, {}
-    while True:
-        live = [i for i, s in enumerate(states) if not s.done]
-        if not live:
-            break
-        by_speaker: dict[int, tuple[Speaker, list[int]]] = {}
-        for i in live:
-            sp = speakers[states[i].next]
-            by_speaker.setdefault(id(sp), (sp, []))[1].append(i)
-        jobs = []
-        for sp, idx in by_speaker.values():
-            reqs = [
-                Request(
-                    states[i].conversation.view(states[i].next),
-                    streams.get((i, states[i].next)),
-                    env.tools(states[i], states[i].next),
-                    states[i].agent_turns,
-                    f"{groups[i]}/{i % G}",
-                    first_group + i // G,
-                    i % G,
-                )
-                for i in idx
-            ]
-            # one temperature per call: requests of a shared (self-play) policy use the first role's temperature
-            jobs.append((sp, idx, reqs, temperatures.get(states[idx[0]].next)))
-        concurrent = [j for j in jobs if getattr(j[0], "concurrent", False)]
-        with ThreadPoolExecutor(max_workers=max(1, len(concurrent))) as pool:
-            futs = [(j, pool.submit(_respond, j[0], j[2], j[3], batched)) for j in concurrent]
-            results = [(j, _respond(j[0], j[2], j[3], batched)) for j in jobs if j not in concurrent]
-            results += [(j, f.result()) for j, f in futs]
-        for (sp, idx, _, _), (replies, secs) in results:
-            seconds[sp.name] = seconds.get(sp.name, 0.0) + secs
-            for i, rep in zip(idx, replies):
-                st, role = states[i], states[i].next
-                if rep.failed:
-                    errors[i] = f"{role} ({sp.name}): {rep.error or 'failed'}"
-                    st.next = None
-                    continue
-                if rep.truncated:
-                    truncated.setdefault(i, set()).add(role)
-                if rep.info:
-                    infos[i].append({"role": role, "turn": st.agent_turns, **rep.info})
-                if "model" in rep.info:
-                    models[(i, role)] = rep.info["model"]  # e.g. the pool checkpoint that answered
-                try:
-                    env.apply(st, role, rep.content, rep.tool_calls)
-                except Exception as e:
-                    errors[i] = f"environment {env.name}: {type(e).__name__}: {e}"
-                    st.next = None
+    while jobs := _round(env, states, speakers, streams, groups, G, first_group, temperatures):
+        _absorb(env, states, _answer(jobs, batched), errors, truncated, infos, seconds, models)
     return RolloutResult(
         [
             _episode(env, st, i, groups[i], G, streams, trainable, errors, truncated, infos, speakers, step, models)

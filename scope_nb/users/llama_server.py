@@ -8,6 +8,7 @@ import os, subprocess, sys, tempfile, time, urllib.request, urllib.error
 from pathlib import Path
 from ..core.dialogue import free_port
 from ..core.models import PACKAGED_MODELS, model_path
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['LLAMA_CPP_PYTHON', 'LLAMA_CMAKE', 'SERVE_AS', 'llama_server_binary', 'build_llama_server', 'llama_threads',
@@ -164,87 +165,94 @@ class LlamaServer:
     def model_name(self) -> str:
         return self.model if self.model in PACKAGED_MODELS else self.gguf.stem
 
-    def _log_tail(self, n: int = 3000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-n:]
-        except OSError:
-            return ""
-
-    def command(self) -> list[str]:
-        "The `llama-server` command line (raises naming the fix when there is no executable)."
-        exe = llama_server_binary()
-        if exe is None:
-            raise RuntimeError(_NO_SERVER)
-        return [
-            str(exe), "--model", str(self.served or self.gguf), "--alias", self.model_name, "--host", "127.0.0.1",
-            "--port", str(self.port or 0),
-            # one KV cache shared by the slots, room for every slot's full context at once
-            "--ctx-size", str(self.n_ctx * self.parallel), "--kv-unified", "--parallel", str(self.parallel),
-            "--threads", str(self.n_threads or llama_threads()),
-            "--no-webui", "--cache-ram", "1024",  # idle slots' prompt caches kept in at most 1 GiB of RAM
-            *self.extra_args,
-        ]
-
-    def start(self, timeout: float = 180.0) -> "LlamaServer":
-        "Start the server and wait until `/health` answers; raises with the log tail if it dies or times out."
-        self.port = self.port or free_port()
-        self.served = served_gguf(self.gguf, self.quant)
-        cmd = self.command()
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        t0 = time.time()
-        while time.time() - t0 < timeout:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.died()}:\n{self._log_tail()}")
-            try:  # 503 while the model loads, 200 when it serves
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return self
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise TimeoutError(f"llama.cpp server did not answer within {timeout:.0f}s:\n{self._log_tail()}")
-
-    def died(self) -> str:
-        """'' while the server runs (or was never started); otherwise why it stopped, with the fix for an
-        illegal-instruction crash."""
-        import signal
-
-        rc = self.proc.poll() if self.proc else None
-        if rc is None:
-            return ""
-        why = (
-            f"signal {signal.Signals(-rc).name}"
-            if rc < 0 and -rc in signal.Signals._value2member_map_
-            else f"exit code {rc}"
-        )
-        msg = f"llama.cpp server for {self.model} stopped ({why})"
-        if rc == -signal.SIGILL:
-            msg += (
-                ": llama-server was compiled for instructions this CPU does not run (a -march=native build, e.g. "
-                "AMX); rebuild it portably: scope llama-server build --force (its default flags are portable)"
-            )
-        return msg + f"; log {self.log_path}"
-
-    def stop(self):
-        "Terminate the server (kill after 10 s)."
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if getattr(self, "_log", None):
-            self._log.close()
-
     def __enter__(self):
         return self.start()
 
     def __exit__(self, *exc):
         self.stop()
+
+# %% ../../nbs/users/21_llama_server.ipynb #bcbe0d05
+@patch
+def _log_tail(self: LlamaServer, n: int = 3000) -> str:
+    try:
+        return self.log_path.read_text(errors="replace")[-n:]
+    except OSError:
+        return ""
+
+@patch
+def command(self: LlamaServer) -> list[str]:
+    "The `llama-server` command line (raises naming the fix when there is no executable)."
+    exe = llama_server_binary()
+    if exe is None:
+        raise RuntimeError(_NO_SERVER)
+    return [
+        str(exe), "--model", str(self.served or self.gguf), "--alias", self.model_name, "--host", "127.0.0.1",
+        "--port", str(self.port or 0),
+        # one KV cache shared by the slots, room for every slot's full context at once
+        "--ctx-size", str(self.n_ctx * self.parallel), "--kv-unified", "--parallel", str(self.parallel),
+        "--threads", str(self.n_threads or llama_threads()),
+        "--no-webui", "--cache-ram", "1024",  # idle slots' prompt caches kept in at most 1 GiB of RAM
+        *self.extra_args,
+    ]
+
+@patch
+def start(self: LlamaServer, timeout: float = 180.0) -> "LlamaServer":
+    "Start the server and wait until `/health` answers; raises with the log tail if it dies or times out."
+    self.port = self.port or free_port()
+    self.served = served_gguf(self.gguf, self.quant)
+    cmd = self.command()
+    self.log_path.parent.mkdir(parents=True, exist_ok=True)
+    self._log = open(self.log_path, "wb")
+    self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"{self.died()}:\n{self._log_tail()}")
+        try:  # 503 while the model loads, 200 when it serves
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return self
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            pass
+        time.sleep(0.2)
+    self.stop()
+    raise TimeoutError(f"llama.cpp server did not answer within {timeout:.0f}s:\n{self._log_tail()}")
+
+# %% ../../nbs/users/21_llama_server.ipynb #dd3c0f41
+@patch
+def died(self: LlamaServer) -> str:
+    """'' while the server runs (or was never started); otherwise why it stopped, with the fix for an
+    illegal-instruction crash."""
+    import signal
+
+    rc = self.proc.poll() if self.proc else None
+    if rc is None:
+        return ""
+    why = (
+        f"signal {signal.Signals(-rc).name}"
+        if rc < 0 and -rc in signal.Signals._value2member_map_
+        else f"exit code {rc}"
+    )
+    msg = f"llama.cpp server for {self.model} stopped ({why})"
+    if rc == -signal.SIGILL:
+        msg += (
+            ": llama-server was compiled for instructions this CPU does not run (a -march=native build, e.g. "
+            "AMX); rebuild it portably: scope llama-server build --force (its default flags are portable)"
+        )
+    return msg + f"; log {self.log_path}"
+
+@patch
+def stop(self: LlamaServer):
+    "Terminate the server (kill after 10 s)."
+    if self.proc and self.proc.poll() is None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+    if getattr(self, "_log", None):
+        self._log.close()
 
 # %% ../../nbs/users/21_llama_server.ipynb #6768198f
 SERVE_AS = {"smollm2": "Q8_0"}  # packaged model -> the GGUF type a server serves it as (see the table above)

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 from ..core.dialogue import parse_tool_calls, Reply, Request, Speaker, ToolCall
 from .verbalized import parse_vs, vs_draw, vs_instructions, vs_leak, vs_response_format, VSConfig, VSParse
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['run_coro', 'retry_after_seconds', 'api_failure', 'retry_delay', 'ApiConfig', 'request_seed', 'CallResult',
@@ -126,184 +127,207 @@ class ApiSpeaker(Speaker):
         "The server-side seed of `req`: without one, a fresh llama.cpp server draws its k-th answer alike in every run."
         return request_seed(self.seed, req.key, req.turn, salt) if self.cfg.send_seed else None
 
-    def _key(self) -> str:
-        env = self.cfg.api_key_env
-        if not env:
-            return "sk-no-key-required"
-        key = os.environ.get(env)
-        if not key:
-            raise ValueError(
-                f"simulator {self.name}: environment variable {env} is not set; export it, or set api_key_env "
-                f"to the variable that holds the key (None for servers without keys; in a run config: "
-                f"[<role>.api] key_env, '' for none)"
-            )
-        return key
-
-    def _redact(self, msg: str) -> str:
-        key = os.environ.get(self.cfg.api_key_env or "", "")
-        for k in [key, key[:12]] if len(key) >= 8 else []:
-            msg = msg.replace(k, "***")
-        return msg[:500]
-
-    def _client(self):
-        from openai import AsyncOpenAI, DefaultAsyncHttpxClient
-
-        # plain http (a local server) uses no TLS: skip loading the CA bundle, the bulk of a client's start-up CPU
-        http = DefaultAsyncHttpxClient(verify=False) if self.cfg.base_url.startswith("http://") else None
-        return AsyncOpenAI(
-            base_url=self.cfg.base_url, api_key=self._key(), timeout=self.cfg.timeout, max_retries=0, http_client=http
+# %% ../../nbs/users/20_simulators.ipynb #7a31109d
+@patch
+def _key(self: ApiSpeaker) -> str:
+    env = self.cfg.api_key_env
+    if not env:
+        return "sk-no-key-required"
+    key = os.environ.get(env)
+    if not key:
+        raise ValueError(
+            f"simulator {self.name}: environment variable {env} is not set; export it, or set api_key_env "
+            f"to the variable that holds the key (None for servers without keys; in a run config: "
+            f"[<role>.api] key_env, '' for none)"
         )
+    return key
 
-    async def _call(
-        self, client, sem, messages, temperature, max_tokens=None, response_format=None, tools=None, seed=None
-    ) -> CallResult:
-        res, t0 = CallResult(None), time.perf_counter()
-        completion = isinstance(
-            messages, str
-        )  # a completion-style prompt (base models without a chat template): one line back
-        kw = dict(model=self.cfg.model, temperature=temperature, max_tokens=max_tokens or self.cfg.max_tokens)
-        if completion:
-            kw.update(prompt=messages, stop=["\n"])
-        else:
-            kw["messages"] = messages
-        if response_format:
-            kw["response_format"] = response_format
-        if tools:
-            kw["tools"] = tools
-        if self.cfg.extra_body:
-            kw["extra_body"] = self.cfg.extra_body
-        for attempt in range(self.cfg.max_retries + 1):
-            res.attempts = attempt + 1
-            wait, kind = None, None
-            if seed is not None:
-                kw["seed"] = (seed + attempt) & 0x7FFFFFFF  # a retry after an empty answer samples anew
-            try:
-                async with sem:
-                    out = await (client.completions if completion else client.chat.completions).create(**kw)
-                msg = out.choices[0].message if out.choices and not completion else None
-                text = (out.choices[0].text if out.choices else None) if completion else (msg.content if msg else None)
-                calls = [
-                    ToolCall(c.id or f"call_{k}", c.function.name, c.function.arguments or "{}")
-                    for k, c in enumerate(getattr(msg, "tool_calls", None) or [])
-                    if getattr(c, "function", None)
-                ]
-                if out.usage:
-                    res.prompt_tokens += out.usage.prompt_tokens or 0
-                    res.completion_tokens += out.usage.completion_tokens or 0
-                if (text is None or not text.strip()) and not calls:
-                    kind = "empty"
-                else:
-                    res.text, res.tool_calls = text, calls
-                    break
-            except Exception as e:
-                kind, wait = api_failure(e)
-                if kind is None:  # other 4xx: retrying will not help
-                    res.failed, res.error = True, self._redact(f"HTTP {e.status_code}: {e.message}")
-                    res.errors.append(f"{e.status_code}")
-                    break
-            res.errors.append(kind)
-            if attempt == self.cfg.max_retries:
-                res.failed, res.error = True, f"gave up after {res.attempts} attempts ({', '.join(res.errors)})"
-                break
-            c = self.cfg
-            await asyncio.sleep(retry_delay(attempt, wait, self._jitter, c.backoff, c.max_backoff, c.max_retry_after))
-        res.latency = time.perf_counter() - t0
-        s = self.stats
-        s["calls"] += 1
-        s["attempts"] += res.attempts
-        s["retries"] += res.attempts - 1
-        s["failures"] += res.failed
-        s["prompt_tokens"] += res.prompt_tokens
-        s["completion_tokens"] += res.completion_tokens
-        s["latency"] += res.latency
-        for k in res.errors:
-            s["errors"][k] = s["errors"].get(k, 0) + 1
-        return res
+@patch
+def _redact(self: ApiSpeaker, msg: str) -> str:
+    key = os.environ.get(self.cfg.api_key_env or "", "")
+    for k in [key, key[:12]] if len(key) >= 8 else []:
+        msg = msg.replace(k, "***")
+    return msg[:500]
 
-    async def _many(self, jobs) -> list[CallResult]:
-        """Run (messages, temperature, max_tokens, response_format, tools[, seed]) jobs concurrently under the
-        concurrency limit."""
-        client, sem = self._client(), asyncio.Semaphore(self.cfg.concurrency)
+@patch
+def _client(self: ApiSpeaker):
+    from openai import AsyncOpenAI, DefaultAsyncHttpxClient
+
+    # plain http (a local server) uses no TLS: skip loading the CA bundle, the bulk of a client's start-up CPU
+    http = DefaultAsyncHttpxClient(verify=False) if self.cfg.base_url.startswith("http://") else None
+    return AsyncOpenAI(
+        base_url=self.cfg.base_url, api_key=self._key(), timeout=self.cfg.timeout, max_retries=0, http_client=http
+    )
+
+# %% ../../nbs/users/20_simulators.ipynb #7fdd80a2
+@patch
+async def _call(
+    self: ApiSpeaker, client, sem, messages, temperature, max_tokens=None, response_format=None, tools=None, seed=None
+) -> CallResult:
+    res, t0 = CallResult(None), time.perf_counter()
+    completion = isinstance(messages, str)  # a completion-style prompt (base models without a chat template)
+    kw = self._request(messages, temperature, max_tokens, response_format, tools)
+    for attempt in range(self.cfg.max_retries + 1):
+        res.attempts = attempt + 1
+        wait, kind = None, None
+        if seed is not None:
+            kw["seed"] = (seed + attempt) & 0x7FFFFFFF  # a retry after an empty answer samples anew
         try:
-            return await asyncio.gather(*[self._call(client, sem, *j) for j in jobs])
-        finally:
-            await client.close()
-
-    def complete(self, jobs) -> list[CallResult]:
-        """Sync entry point: run jobs of (messages, temperature, max_tokens, response_format, tools[, seed]); a `str` in
-        place of messages is a completion prompt."""
-        return run_coro(self._many(jobs))
-
-    def respond(self, requests, temperature=None):
-        T = self.temperature if temperature is None else temperature
-        results = self.complete([(r.messages, T, None, None, r.tools, self.seed_for(r)) for r in requests])
-        out = []
-        for r in results:
-            content, calls = r.text, list(r.tool_calls)
-            if r.text and not calls and "<tool_call>" in r.text:
-                content, calls = parse_tool_calls(r.text)  # text-format calls
-            out.append(
-                Reply(
-                    content, calls, failed=r.failed, error=r.error, n_tokens=r.completion_tokens, info={"api": r.info()}
-                )
-            )
-        return out
-
-    def propose(self, requests, vs: VSConfig, extra: str = "", temperature: float | None = None) -> list[dict]:
-        "Verbalized proposals: per request a dict with `parse` (VSParse), `attempts`, `errors`, `api` (call info)."
-        T = self.temperature if temperature is None else temperature
-        n = vs.n
-        structured = self.vs_format if vs.structured == "auto" else vs.structured
-        # a grammar-constrained answer must fit the token budget: bound each candidate's length (llama.cpp honours it)
-        fmt = vs_response_format(n, vs.method, structured, max_chars=3 * self.cfg.max_tokens)
-        block = vs_instructions(n, vs.method, extra)
-
-        def vs_messages(msgs):
-            msgs = [dict(m) for m in msgs]
-            if msgs and msgs[0]["role"] == "system":
-                msgs[0]["content"] = (msgs[0]["content"] or "") + "\n\n" + block
+            async with sem:
+                out = await (client.completions if completion else client.chat.completions).create(**kw)
+            msg = out.choices[0].message if out.choices and not completion else None
+            text = (out.choices[0].text if out.choices else None) if completion else (msg.content if msg else None)
+            calls = [
+                ToolCall(c.id or f"call_{k}", c.function.name, c.function.arguments or "{}")
+                for k, c in enumerate(getattr(msg, "tool_calls", None) or [])
+                if getattr(c, "function", None)
+            ]
+            if out.usage:
+                res.prompt_tokens += out.usage.prompt_tokens or 0
+                res.completion_tokens += out.usage.completion_tokens or 0
+            if (text is None or not text.strip()) and not calls:
+                kind = "empty"
             else:
-                msgs.insert(0, {"role": "system", "content": block})
-            return msgs
-
-        out = [dict(parse=VSParse(error="no_json"), attempts=0, errors=[], api=[]) for _ in requests]
-        todo = list(range(len(requests)))
-        for a in range(vs.attempts):
-            if not todo:
+                res.text, res.tool_calls = text, calls
                 break
-            budget = (self.cfg.max_tokens + 24) * n + 64  # n replies plus the JSON around them
-            results = self.complete(
-                [
-                    (
-                        vs_messages(requests[i].messages),
-                        T,
-                        budget,
-                        fmt,
-                        None,
-                        self.seed_for(requests[i], 1000 * (a + 1)),
-                    )
-                    for i in todo
-                ]
+        except Exception as e:
+            kind, wait = api_failure(e)
+            if kind is None:  # other 4xx: retrying will not help
+                res.failed, res.error = True, self._redact(f"HTTP {e.status_code}: {e.message}")
+                res.errors.append(f"{e.status_code}")
+                break
+        res.errors.append(kind)
+        if attempt == self.cfg.max_retries:
+            res.failed, res.error = True, f"gave up after {res.attempts} attempts ({', '.join(res.errors)})"
+            break
+        c = self.cfg
+        await asyncio.sleep(retry_delay(attempt, wait, self._jitter, c.backoff, c.max_backoff, c.max_retry_after))
+    res.latency = time.perf_counter() - t0
+    self._account(res)
+    return res
+
+# %% ../../nbs/users/20_simulators.ipynb #e8ce8c9f
+@patch
+def _request(self: ApiSpeaker, messages, temperature, max_tokens=None, response_format=None, tools=None) -> dict:
+    "The keyword arguments of one call: a chat request, or for a completion-style prompt (a string) one line back."
+    kw = dict(model=self.cfg.model, temperature=temperature, max_tokens=max_tokens or self.cfg.max_tokens)
+    if isinstance(messages, str):
+        kw.update(prompt=messages, stop=["\n"])
+    else:
+        kw["messages"] = messages
+    if response_format:
+        kw["response_format"] = response_format
+    if tools:
+        kw["tools"] = tools
+    if self.cfg.extra_body:
+        kw["extra_body"] = self.cfg.extra_body
+    return kw
+
+
+@patch
+def _account(self: ApiSpeaker, res: CallResult):
+    "Add one finished call (its attempts, failures, tokens, latency and error kinds) to `stats`."
+    s = self.stats
+    s["calls"] += 1
+    s["attempts"] += res.attempts
+    s["retries"] += res.attempts - 1
+    s["failures"] += res.failed
+    s["prompt_tokens"] += res.prompt_tokens
+    s["completion_tokens"] += res.completion_tokens
+    s["latency"] += res.latency
+    for k in res.errors:
+        s["errors"][k] = s["errors"].get(k, 0) + 1
+
+# %% ../../nbs/users/20_simulators.ipynb #e300cd52
+@patch
+async def _many(self: ApiSpeaker, jobs) -> list[CallResult]:
+    """Run (messages, temperature, max_tokens, response_format, tools[, seed]) jobs concurrently under the
+    concurrency limit."""
+    client, sem = self._client(), asyncio.Semaphore(self.cfg.concurrency)
+    try:
+        return await asyncio.gather(*[self._call(client, sem, *j) for j in jobs])
+    finally:
+        await client.close()
+
+@patch
+def complete(self: ApiSpeaker, jobs) -> list[CallResult]:
+    """Sync entry point: run jobs of (messages, temperature, max_tokens, response_format, tools[, seed]); a `str` in
+    place of messages is a completion prompt."""
+    return run_coro(self._many(jobs))
+
+@patch
+def respond(self: ApiSpeaker, requests, temperature=None):
+    T = self.temperature if temperature is None else temperature
+    results = self.complete([(r.messages, T, None, None, r.tools, self.seed_for(r)) for r in requests])
+    out = []
+    for r in results:
+        content, calls = r.text, list(r.tool_calls)
+        if r.text and not calls and "<tool_call>" in r.text:
+            content, calls = parse_tool_calls(r.text)  # text-format calls
+        out.append(
+            Reply(
+                content, calls, failed=r.failed, error=r.error, n_tokens=r.completion_tokens, info={"api": r.info()}
             )
-            nxt = []
-            for i, r in zip(todo, results):
-                o = out[i]
-                o["attempts"] += 1
-                o["api"].append(r.info())
-                p = parse_vs(r.text, n) if not r.failed else VSParse(error=f"call_failed: {r.error}")
-                if p.ok and (not o["parse"].ok or len(p.texts) > len(o["parse"].texts)):
-                    o["parse"] = p  # keep the fullest valid set
-                elif not o["parse"].ok:
-                    o["parse"] = p
-                if not (
-                    p.ok and p.complete
-                ):  # retry incomplete sets too; the fullest valid one is used if none completes
-                    o["errors"].append(p.error or f"incomplete:{len(p.texts)}/{n}")
-                    nxt.append(i)
-                    if r.text and not p.ok and len(o.setdefault("raw_failures", [])) < 2:
-                        o["raw_failures"].append(r.text[:300])
-            todo = nxt
-        return out
+        )
+    return out
+
+# %% ../../nbs/users/20_simulators.ipynb #1d30f7a2
+@patch
+def propose(self: ApiSpeaker, requests, vs: VSConfig, extra: str = "", temperature: float | None = None) -> list[dict]:
+    "Verbalized proposals: per request a dict with `parse` (VSParse), `attempts`, `errors`, `api` (call info)."
+    T = self.temperature if temperature is None else temperature
+    n = vs.n
+    structured = self.vs_format if vs.structured == "auto" else vs.structured
+    # a grammar-constrained answer must fit the token budget: bound each candidate's length (llama.cpp honours it)
+    fmt = vs_response_format(n, vs.method, structured, max_chars=3 * self.cfg.max_tokens)
+    block = vs_instructions(n, vs.method, extra)
+
+    def vs_messages(msgs):
+        msgs = [dict(m) for m in msgs]
+        if msgs and msgs[0]["role"] == "system":
+            msgs[0]["content"] = (msgs[0]["content"] or "") + "\n\n" + block
+        else:
+            msgs.insert(0, {"role": "system", "content": block})
+        return msgs
+
+    out = [dict(parse=VSParse(error="no_json"), attempts=0, errors=[], api=[]) for _ in requests]
+    todo = list(range(len(requests)))
+    for a in range(vs.attempts):
+        if not todo:
+            break
+        budget = (self.cfg.max_tokens + 24) * n + 64  # n replies plus the JSON around them
+        results = self.complete(
+            [
+                (
+                    vs_messages(requests[i].messages),
+                    T,
+                    budget,
+                    fmt,
+                    None,
+                    self.seed_for(requests[i], 1000 * (a + 1)),
+                )
+                for i in todo
+            ]
+        )
+        nxt = []
+        for i, r in zip(todo, results):
+            o = out[i]
+            o["attempts"] += 1
+            o["api"].append(r.info())
+            p = parse_vs(r.text, n) if not r.failed else VSParse(error=f"call_failed: {r.error}")
+            if p.ok and (not o["parse"].ok or len(p.texts) > len(o["parse"].texts)):
+                o["parse"] = p  # keep the fullest valid set
+            elif not o["parse"].ok:
+                o["parse"] = p
+            if not (
+                p.ok and p.complete
+            ):  # retry incomplete sets too; the fullest valid one is used if none completes
+                o["errors"].append(p.error or f"incomplete:{len(p.texts)}/{n}")
+                nxt.append(i)
+                if r.text and not p.ok and len(o.setdefault("raw_failures", [])) < 2:
+                    o["raw_failures"].append(r.text[:300])
+        todo = nxt
+    return out
 
 # %% ../../nbs/users/20_simulators.ipynb #21883295
 def episode_rng(seed: int, key: str, turn: int) -> np.random.Generator:
@@ -340,128 +364,136 @@ class Verbalized(Speaker):
     def reseed(self, seed: int):
         self.seed = seed
 
-    def _propose(self, requests, temperature):
-        """Candidate sets per request; with `share`, one proposal per distinct conversation, each request still drawing
-        with its own RNG."""
-        if not self.vs.share:
-            return self.base.propose(requests, self.vs, self.extra, temperature)
-        keys = [json.dumps(r.messages, sort_keys=True, default=str) for r in requests]
-        first = {}
-        for i, k in enumerate(keys):
-            first.setdefault(k, i)
-        props = self.base.propose([requests[i] for i in first.values()], self.vs, self.extra, temperature)
-        by = dict(zip(first, props))
-        self.stats["shared"] += len(requests) - len(first)
-        # the request that paid for a proposal carries its API cost; the others say whose proposal they drew from
-        return [
-            by[k] if first[k] == i else {**by[k], "api": [], "shared_with": requests[first[k]].key}
-            for i, k in enumerate(keys)
-        ]
+# %% ../../nbs/users/20_simulators.ipynb #508eca9e
+@patch
+def _propose(self: Verbalized, requests, temperature):
+    """Candidate sets per request; with `share`, one proposal per distinct conversation, each request still drawing
+    with its own RNG."""
+    if not self.vs.share:
+        return self.base.propose(requests, self.vs, self.extra, temperature)
+    keys = [json.dumps(r.messages, sort_keys=True, default=str) for r in requests]
+    first = {}
+    for i, k in enumerate(keys):
+        first.setdefault(k, i)
+    props = self.base.propose([requests[i] for i in first.values()], self.vs, self.extra, temperature)
+    by = dict(zip(first, props))
+    self.stats["shared"] += len(requests) - len(first)
+    # the request that paid for a proposal carries its API cost; the others say whose proposal they drew from
+    return [
+        by[k] if first[k] == i else {**by[k], "api": [], "shared_with": requests[first[k]].key}
+        for i, k in enumerate(keys)
+    ]
 
-    def _usable(self, p: VSParse) -> VSParse:
-        "`p` without candidates that are themselves VS answers, JSON or empty (`03_verbalized.vs_leak`); counted."
-        keep = [k for k, t in enumerate(p.texts) if vs_leak(t) is None]
-        if len(keep) == len(p.texts):
-            return p
-        self.stats["guard_dropped"] += len(p.texts) - len(keep)
-        if not keep:
-            return VSParse(error="no_valid_items", n_raw=p.n_raw)
-        return VSParse([p.texts[k] for k in keep], [p.probs[k] for k in keep], None, p.n_raw, False)
+@patch
+def _usable(self: Verbalized, p: VSParse) -> VSParse:
+    "`p` without candidates that are themselves VS answers, JSON or empty (`03_verbalized.vs_leak`); counted."
+    keep = [k for k, t in enumerate(p.texts) if vs_leak(t) is None]
+    if len(keep) == len(p.texts):
+        return p
+    self.stats["guard_dropped"] += len(p.texts) - len(keep)
+    if not keep:
+        return VSParse(error="no_valid_items", n_raw=p.n_raw)
+    return VSParse([p.texts[k] for k in keep], [p.probs[k] for k in keep], None, p.n_raw, False)
 
-    def _drawn(self, req, p: VSParse, vs: dict, api) -> Reply:
-        "The reply drawn from candidates `p` with the episode's seeded generator, its record in `vs`."
-        k, w, uniform = vs_draw(p, self.vs.method, episode_rng(self.seed, req.key, req.turn))
-        self.stats["parsed"] += 1
-        self.stats["complete"] += p.complete
-        self.stats["fallback_uniform"] += uniform
-        vs.update(
-            candidates=p.texts,
-            probabilities=p.probs,
-            weights=[round(float(x), 6) for x in w],
-            drawn=k,
-            complete=p.complete,
-            uniform_fallback=uniform,
-        )
-        return Reply(p.texts[k], info={"vs": vs, "api": api})
+@patch
+def _drawn(self: Verbalized, req, p: VSParse, vs: dict, api) -> Reply:
+    "The reply drawn from candidates `p` with the episode's seeded generator, its record in `vs`."
+    k, w, uniform = vs_draw(p, self.vs.method, episode_rng(self.seed, req.key, req.turn))
+    self.stats["parsed"] += 1
+    self.stats["complete"] += p.complete
+    self.stats["fallback_uniform"] += uniform
+    vs.update(
+        candidates=p.texts,
+        probabilities=p.probs,
+        weights=[round(float(x), 6) for x in w],
+        drawn=k,
+        complete=p.complete,
+        uniform_fallback=uniform,
+    )
+    return Reply(p.texts[k], info={"vs": vs, "api": api})
 
-    def respond(self, requests, temperature=None):
-        """Draw each reply from its proposal; a turn whose proposal did not parse gets one ordinary reply
-        (`on_failure = "plain"`) or fails. Every text passes `vs_leak` before it becomes the user's turn: a candidate
-        that is JSON is dropped, a plain reply that is a VS answer is drawn from, one that is other JSON or empty is
-        asked again (up to `vs.attempts` times) and then marked failed, never entered raw."""
-        props = self._propose(requests, temperature)
-        replies, plain_idx = [None] * len(requests), []
-        for i, (req, pr) in enumerate(zip(requests, props)):
-            p = self._usable(pr["parse"]) if pr["parse"].ok else pr["parse"]
-            self.stats["turns"] += 1
-            vs = {
-                "n": self.vs.n,
-                "method": self.vs.method,
-                "attempts": pr["attempts"],
-                "errors": pr["errors"],
-                "parse_ok": p.ok,
-            }
-            if "shared_with" in pr:
-                vs["shared_with"] = pr["shared_with"]
-            if "raw_failures" in pr:
-                vs["raw_failures"] = pr["raw_failures"]
-            if p.ok:
-                replies[i] = self._drawn(req, p, vs, pr["api"])
-            elif self.vs.on_failure == "plain":
-                plain_idx.append(i)
-                replies[i] = vs
-            else:
-                self.stats["failed"] += 1
-                replies[i] = Reply(
-                    None,
-                    failed=True,
-                    error=f"verbalized sampling: no valid candidates after {pr['attempts']} attempts "
-                    f"({', '.join(pr['errors'])})",
-                    info={"vs": vs},
-                )
-        if plain_idx:  # explicit fallback: an ordinary reply from the same model, recorded as such, and guarded
-            self._plain_fallback(requests, replies, plain_idx, temperature)
-        return replies
-
-    def _plain_fallback(self, requests, replies, todo, temperature):
-        "Ordinary replies for the turns in `todo` (their `replies[i]` holds the VS record), through the guard."
-        for attempt in range(self.vs.attempts):
-            again = []
-            for i, rep in zip(todo, self.base.respond([requests[i] for i in todo], temperature)):
-                vs = replies[i]
-                vs["fallback"] = "plain"
-                kind = None if rep.failed else vs_leak(rep.content)
-                if kind == "vs":  # the endpoint answered a plain request with a VS answer: draw from it
-                    p = self._usable(parse_vs(rep.content, self.vs.n))
-                    if p.ok:
-                        self.stats["guard_drawn"] += 1
-                        vs["guard"] = "drawn"
-                        replies[i] = self._drawn(requests[i], p, vs, rep.info.get("api", []))
-                        continue
-                    kind = "json"
-                if kind is None:
-                    self.stats["fallback_plain"] += 1
-                    rep.info = {**rep.info, "vs": vs}
-                    replies[i] = rep
-                    continue
-                vs.setdefault("guard_rejected", []).append(kind)
-                again.append(i)
-            if not again:
-                return
-            if attempt + 1 < self.vs.attempts:
-                self.stats["guard_retried"] += len(again)
-            todo = again
-        for i in todo:
+# %% ../../nbs/users/20_simulators.ipynb #0d298415
+@patch
+def respond(self: Verbalized, requests, temperature=None):
+    """Draw each reply from its proposal; a turn whose proposal did not parse gets one ordinary reply
+    (`on_failure = "plain"`) or fails. Every text passes `vs_leak` before it becomes the user's turn: a candidate
+    that is JSON is dropped, a plain reply that is a VS answer is drawn from, one that is other JSON or empty is
+    asked again (up to `vs.attempts` times) and then marked failed, never entered raw."""
+    props = self._propose(requests, temperature)
+    replies, plain_idx = [None] * len(requests), []
+    for i, (req, pr) in enumerate(zip(requests, props)):
+        p = self._usable(pr["parse"]) if pr["parse"].ok else pr["parse"]
+        self.stats["turns"] += 1
+        vs = {
+            "n": self.vs.n,
+            "method": self.vs.method,
+            "attempts": pr["attempts"],
+            "errors": pr["errors"],
+            "parse_ok": p.ok,
+        }
+        if "shared_with" in pr:
+            vs["shared_with"] = pr["shared_with"]
+        if "raw_failures" in pr:
+            vs["raw_failures"] = pr["raw_failures"]
+        if p.ok:
+            replies[i] = self._drawn(req, p, vs, pr["api"])
+        elif self.vs.on_failure == "plain":
+            plain_idx.append(i)
+            replies[i] = vs
+        else:
             self.stats["failed"] += 1
-            self.stats["guard_failed"] += 1
-            vs = replies[i]
             replies[i] = Reply(
                 None,
                 failed=True,
-                error=f"verbalized sampling: the plain fallback answered {'/'.join(vs['guard_rejected'])} "
-                f"{self.vs.attempts} times, never plain text",
+                error=f"verbalized sampling: no valid candidates after {pr['attempts']} attempts "
+                f"({', '.join(pr['errors'])})",
                 info={"vs": vs},
             )
+    if plain_idx:  # explicit fallback: an ordinary reply from the same model, recorded as such, and guarded
+        self._plain_fallback(requests, replies, plain_idx, temperature)
+    return replies
+
+# %% ../../nbs/users/20_simulators.ipynb #f94fe524
+@patch
+def _plain_fallback(self: Verbalized, requests, replies, todo, temperature):
+    "Ordinary replies for the turns in `todo` (their `replies[i]` holds the VS record), through the guard."
+    for attempt in range(self.vs.attempts):
+        again = []
+        for i, rep in zip(todo, self.base.respond([requests[i] for i in todo], temperature)):
+            vs = replies[i]
+            vs["fallback"] = "plain"
+            kind = None if rep.failed else vs_leak(rep.content)
+            if kind == "vs":  # the endpoint answered a plain request with a VS answer: draw from it
+                p = self._usable(parse_vs(rep.content, self.vs.n))
+                if p.ok:
+                    self.stats["guard_drawn"] += 1
+                    vs["guard"] = "drawn"
+                    replies[i] = self._drawn(requests[i], p, vs, rep.info.get("api", []))
+                    continue
+                kind = "json"
+            if kind is None:
+                self.stats["fallback_plain"] += 1
+                rep.info = {**rep.info, "vs": vs}
+                replies[i] = rep
+                continue
+            vs.setdefault("guard_rejected", []).append(kind)
+            again.append(i)
+        if not again:
+            return
+        if attempt + 1 < self.vs.attempts:
+            self.stats["guard_retried"] += len(again)
+        todo = again
+    for i in todo:
+        self.stats["failed"] += 1
+        self.stats["guard_failed"] += 1
+        vs = replies[i]
+        replies[i] = Reply(
+            None,
+            failed=True,
+            error=f"verbalized sampling: the plain fallback answered {'/'.join(vs['guard_rejected'])} "
+            f"{self.vs.attempts} times, never plain text",
+            info={"vs": vs},
+        )
 
 # %% ../../nbs/users/20_simulators.ipynb #2142d126
 class CategoricalSimulator(Speaker):
@@ -486,7 +518,7 @@ class CategoricalSimulator(Speaker):
     def respond(self, requests, temperature=None):
         out = []
         for r in requests:
-            q = self.distribution(r.messages, temperature, r.persona)
+            q = self.distribution(r.messages, temperature, r.context.get("persona"))
             k = int(episode_rng(self.seed, r.key, r.turn).choice(len(q), p=q))
             out.append(Reply(self.replies[k], n_tokens=1, info={"model": self.name}))
         return out

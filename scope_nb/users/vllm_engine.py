@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from ..core.dialogue import Sample, free_port
 from ..core.models import PACKAGED_MODELS, load_causal_lm
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['VLLM_CPU', 'vllm_venv', 'vllm_python', 'install_vllm', 'reaped', 'hf_folder', 'VLLMServer', 'ties_embeddings',
@@ -120,96 +121,103 @@ class VLLMServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def command(self) -> list[str]:
-        "The server's command line (raises naming the fix when vLLM is not installed)."
-        py = vllm_python()
-        if py is None or not py.exists():
-            raise RuntimeError("vLLM is not installed: run `scope vllm install` (about 4 minutes; `make venv` does "
-                               "it), or point SCOPE_VLLM_PYTHON at an interpreter that has vllm")
-        lora = ["--enable-lora", "--max-lora-rank", str(self.lora_rank), "--max-loras", str(self.max_loras)]
-        return [str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.folder),
-                "--served-model-name", self.name, "--host", "127.0.0.1", "--port", str(self.port or 0),
-                "--dtype", self.dtype, "--enforce-eager", "--max-model-len", str(self.max_model_len),
-                "--logprobs-mode", "processed_logprobs", *(lora if self.lora_rank else []), *self.extra_args]
-
-    def env(self) -> dict:
-        "The server's environment: dev endpoints, runtime LoRA, and on a CPU build OpenMP, KV cache and cores."
-        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gb),
-               "VLLM_CPU_OMP_THREADS_BIND": f"0-{self.threads - 1}", "PYTHONUNBUFFERED": "1"}
-        if self.lora_rank:
-            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
-        py = vllm_python()
-        iomp = py.parent.parent / "lib" / "libiomp5.so" if py else None
-        if iomp and iomp.exists():
-            env["LD_PRELOAD"] = str(iomp)
-        return env
-
-    def _tail(self, n: int = 3000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-n:]
-        except OSError:
-            return ""
-
-    def start(self, timeout: float = 900.0) -> "VLLMServer":
-        "Start the server and wait for `/health` (a hang guard, not a speed claim); raises with the log's tail."
-        self.port = self.port or free_port()
-        cmd = self.command()
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "wb")
-        # under the watchdog, which also removes the server's own folder if this process dies without stop()
-        self.proc = subprocess.Popen(reaped(cmd, self._own_dir), stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, env=self.env(), start_new_session=True)
-        t0 = time.time()
-        while time.time() - t0 < timeout:
-            if self.proc.poll() is not None:
-                rc = self.proc.returncode
-                self.stop(keep_log=True)
-                raise RuntimeError(f"vLLM server for {self.model} exited ({rc}) while starting; log "
-                                   f"{self.log_path}:\n{self._tail()}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
-                    if r.status == 200:
-                        return self
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                pass
-            time.sleep(0.5)
-        self.stop(keep_log=True)
-        raise TimeoutError(f"vLLM server did not answer /health within {timeout:.0f}s; log {self.log_path}:\n"
-                           f"{self._tail()}")
-
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
-
-    def stop(self, keep_log: bool = False):
-        """Stop the server's whole process group: SIGTERM, then SIGKILL after 20 s. The temporary folder the server
-        made for itself (its log and the weights synced through it, ~0.6 GB per push of SmolLM2) goes too, unless
-        `keep_log` (a failed start, whose error names the log)."""
-        if self.proc and self.proc.poll() is None:
-            for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
-                try:
-                    os.killpg(self.proc.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    self.proc.wait(wait)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-        if self.proc:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)  # the engine core and worker, if they outlived the server
-            except (ProcessLookupError, PermissionError):
-                pass
-        if getattr(self, "_log", None):
-            self._log.close()
-        if self._own_dir is not None and not keep_log:
-            shutil.rmtree(self._own_dir, ignore_errors=True)
 
     def __enter__(self):
         return self.start()
 
     def __exit__(self, *exc):
         self.stop()
+
+# %% ../../nbs/users/22_vllm.ipynb #4dedd668
+@patch
+def command(self: VLLMServer) -> list[str]:
+    "The server's command line (raises naming the fix when vLLM is not installed)."
+    py = vllm_python()
+    if py is None or not py.exists():
+        raise RuntimeError("vLLM is not installed: run `scope vllm install` (about 4 minutes; `make venv` does "
+                           "it), or point SCOPE_VLLM_PYTHON at an interpreter that has vllm")
+    lora = ["--enable-lora", "--max-lora-rank", str(self.lora_rank), "--max-loras", str(self.max_loras)]
+    return [str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.folder),
+            "--served-model-name", self.name, "--host", "127.0.0.1", "--port", str(self.port or 0),
+            "--dtype", self.dtype, "--enforce-eager", "--max-model-len", str(self.max_model_len),
+            "--logprobs-mode", "processed_logprobs", *(lora if self.lora_rank else []), *self.extra_args]
+
+@patch
+def env(self: VLLMServer) -> dict:
+    "The server's environment: dev endpoints, runtime LoRA, and on a CPU build OpenMP, KV cache and cores."
+    env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gb),
+           "VLLM_CPU_OMP_THREADS_BIND": f"0-{self.threads - 1}", "PYTHONUNBUFFERED": "1"}
+    if self.lora_rank:
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    py = vllm_python()
+    iomp = py.parent.parent / "lib" / "libiomp5.so" if py else None
+    if iomp and iomp.exists():
+        env["LD_PRELOAD"] = str(iomp)
+    return env
+
+@patch
+def _tail(self: VLLMServer, n: int = 3000) -> str:
+    try:
+        return self.log_path.read_text(errors="replace")[-n:]
+    except OSError:
+        return ""
+
+# %% ../../nbs/users/22_vllm.ipynb #d2d6cbbc
+@patch
+def start(self: VLLMServer, timeout: float = 900.0) -> "VLLMServer":
+    "Start the server and wait for `/health` (a hang guard, not a speed claim); raises with the log's tail."
+    self.port = self.port or free_port()
+    cmd = self.command()
+    self.log_path.parent.mkdir(parents=True, exist_ok=True)
+    self._log = open(self.log_path, "wb")
+    # under the watchdog, which also removes the server's own folder if this process dies without stop()
+    self.proc = subprocess.Popen(reaped(cmd, self._own_dir), stdout=self._log, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, env=self.env(), start_new_session=True)
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if self.proc.poll() is not None:
+            rc = self.proc.returncode
+            self.stop(keep_log=True)
+            raise RuntimeError(f"vLLM server for {self.model} exited ({rc}) while starting; log "
+                               f"{self.log_path}:\n{self._tail()}")
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+                if r.status == 200:
+                    return self
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            pass
+        time.sleep(0.5)
+    self.stop(keep_log=True)
+    raise TimeoutError(f"vLLM server did not answer /health within {timeout:.0f}s; log {self.log_path}:\n"
+                       f"{self._tail()}")
+
+@patch
+def stop(self: VLLMServer, keep_log: bool = False):
+    """Stop the server's whole process group: SIGTERM, then SIGKILL after 20 s. The temporary folder the server
+    made for itself (its log and the weights synced through it, ~0.6 GB per push of SmolLM2) goes too, unless
+    `keep_log` (a failed start, whose error names the log)."""
+    if self.proc and self.proc.poll() is None:
+        for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+    if self.proc:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the engine core and worker, if they outlived the server
+        except (ProcessLookupError, PermissionError):
+            pass
+    if getattr(self, "_log", None):
+        self._log.close()
+    if self._own_dir is not None and not keep_log:
+        shutil.rmtree(self._own_dir, ignore_errors=True)
 
 # %% ../../nbs/users/22_vllm.ipynb #57d41df9
 def ties_embeddings(folder) -> bool:
@@ -321,123 +329,134 @@ class VLLMEngine:
         self.calls: dict[str, int] = {}
         self.sync_dir, self._synced = (Path(sync_dir).resolve() if sync_dir else None), None
 
-    def _post(self, path: str, body: dict | None = None, retry: bool = True):
-        "POST JSON; 5xx and dropped connections retried (if `retry`) with backoff; 4xx raise with the server's reason."
-        last = None
-        for attempt in range(self.retries + 1 if retry else 1):
-            self.calls[path] = self.calls.get(path, 0) + 1
-            req = urllib.request.Request(self.url + path, data=json.dumps(body or {}).encode(),
-                                         headers={"Content-Type": "application/json"}, method="POST")
-            try:
-                with urllib.request.urlopen(req, timeout=self.timeout) as r:
-                    raw = r.read()
-                try:
-                    return json.loads(raw) if raw else None
-                except ValueError:
-                    return {"text": raw.decode(errors="replace")}  # adapter (un)loading answers in plain text
-            except urllib.error.HTTPError as e:
-                msg = _reason(e.read())
-                if e.code == 404 and "does not exist" in msg and path == "/v1/completions":
-                    raise VLLMError(f"{path}: {self.url} serves no model or adapter {body.get('model')!r} ({msg}); "
-                                    "load the adapter first (VLLMEngine.load_adapter)") from None
-                if e.code < 500:
-                    raise VLLMError(f"{path}: HTTP {e.code} from {self.url}: {msg}") from None
-                last = f"HTTP {e.code}: {msg}"
-            except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
-                last = f"{type(e).__name__}: {e}"
-            if attempt < self.retries and retry:
-                time.sleep(self.backoff * 2**attempt)
-        raise VLLMError(f"{path}: {self.url} failed ({last})")
-
-    def _complete(self, prompts, max_new_tokens, temperature, eos_ids, seed, model) -> list[Sample]:
-        body = {"model": model, "prompt": prompts, "max_tokens": int(max_new_tokens),
-                "temperature": float(temperature), "logprobs": 0, "return_token_ids": True,
-                "stop_token_ids": sorted(set(eos_ids)), "skip_special_tokens": False}
-        if seed is not None:
-            body["seed"] = int(seed)
-        choices = sorted(self._post("/v1/completions", body)["choices"], key=lambda c: c["index"])
-        if len(choices) != len(prompts):
-            raise VLLMError(f"/v1/completions: {len(choices)} choices for {len(prompts)} prompts")
-        return [parse_choice(c, eos_ids) for c in choices]
-
-    def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, eos_ids,
-                 seed: int | None = None, adapter: str | None = None, seeds: list[int] | None = None) -> list[Sample]:
-        """Sample continuations of token-id prompts. Unseeded: one batched request. Seeded: prompt i gets `seed + i`
-        (or `seeds[i]`) in a request of its own (vLLM seeds a whole request alike), all sent at once."""
-        if not prompts:
-            return []
-        model = adapter or self.adapter or self.model
-        if seeds is None and seed is not None:
-            seeds = [seed + i for i in range(len(prompts))]
-        if seeds is None:
-            return self._complete(prompts, max_new_tokens, temperature, eos_ids, None, model)
-        with ThreadPoolExecutor(min(16, len(prompts))) as ex:
-            one = lambda i: self._complete([prompts[i]], max_new_tokens, temperature, eos_ids, seeds[i], model)
-            parts = ex.map(one, range(len(prompts)))
-            return [s for p in parts for s in p]
-
-    def reset_prefix_cache(self, tries: int = 20) -> None:
-        "Drop every cached prefix (its keys and values came from the old weights); retried while blocks are held."
-        for _ in range(tries):
-            if (self._post("/reset_prefix_cache") or {}).get("success"):
-                return
-            time.sleep(0.25)
-        raise VLLMError(f"/reset_prefix_cache: {self.url} kept answering success = false (blocks still held)")
-
-    def update_weights_from_disk(self, path) -> None:
-        """Reload the weights in place from a saved folder (a tied one through its untied copy: the engine serves
-        untied weights), then reset the prefix cache."""
-        p = untied_folder(_weights_folder(path))
-        try:
-            self._post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(p)}},
-                       retry=False)
-        except VLLMError as e:
-            raise VLLMError(f"reload_weights from {p} failed and a failed reload kills vLLM's engine: restart the "
-                            f"server ({e})") from None
-        self.reset_prefix_cache()
-
-    def sync(self, policy) -> bool:
-        """Push `policy`'s weights when they changed since the last push (an optimizer step or a loaded checkpoint
-        bumps every parameter's in-place version counter); True if it pushed. Needs `sync_dir`. A LoRA policy
-        (32_grpo) pushes only its adapter, loaded under the policy's name, and generates with it."""
-        if self.frozen:
-            return False
-        version = sum(p._version for p in policy.model.parameters())
-        if version == self._synced:
-            return False
-        if self.sync_dir is None:
-            raise VLLMError("VLLMEngine.sync: no sync_dir to save the policy's weights in; pass sync_dir=FOLDER")
-        tmp = self.sync_dir.with_name(self.sync_dir.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        if hasattr(policy.model, "peft_config"):
-            policy.model.save_pretrained(tmp)  # the adapter
-        else:
-            save_untied(policy.model, tmp)  # every tensor, the output head on its own
-        shutil.rmtree(self.sync_dir, ignore_errors=True)
-        os.replace(tmp, self.sync_dir)
-        if hasattr(policy.model, "peft_config"):  # the adapter alone, replaced in place under the policy's name
-            self.load_adapter(policy.name, self.sync_dir)
-            self.reset_prefix_cache()  # cached prefixes of the adapter's old weights
-            self.adapter = policy.name
-        else:
-            self.update_weights_from_disk(self.sync_dir)
-        self._synced = version
-        return True
-
-    def view(self, adapter: str | None) -> "VLLMEngine":
-        """A client of the same server that generates with the loaded adapter `adapter` (None: the base model) and
-        never pushes weights: a frozen policy on a shared engine, e.g. a pool entry."""
-        v = copy.copy(self)
-        v.adapter, v.sync_dir, v.frozen = adapter, None, True
-        return v
-
-    def load_adapter(self, name: str, path) -> None:
-        "Load (or replace in place) the peft LoRA adapter saved in `path` under `name`."
-        p = Path(path).resolve()
-        if not (p / "adapter_config.json").exists():
-            raise VLLMError(f"load_adapter {name!r}: {p} has no adapter_config.json; save it with peft's "
-                            "save_pretrained first")
-        self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(p), "load_inplace": True})
-
     def unload_adapter(self, name: str) -> None:
         self._post("/v1/unload_lora_adapter", {"lora_name": name})
+
+# %% ../../nbs/users/22_vllm.ipynb #c1f5bbfd
+@patch
+def _post(self: VLLMEngine, path: str, body: dict | None = None, retry: bool = True):
+    "POST JSON; 5xx and dropped connections retried (if `retry`) with backoff; 4xx raise with the server's reason."
+    last = None
+    for attempt in range(self.retries + 1 if retry else 1):
+        self.calls[path] = self.calls.get(path, 0) + 1
+        req = urllib.request.Request(self.url + path, data=json.dumps(body or {}).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as r:
+                raw = r.read()
+            try:
+                return json.loads(raw) if raw else None
+            except ValueError:
+                return {"text": raw.decode(errors="replace")}  # adapter (un)loading answers in plain text
+        except urllib.error.HTTPError as e:
+            msg = _reason(e.read())
+            if e.code == 404 and "does not exist" in msg and path == "/v1/completions":
+                raise VLLMError(f"{path}: {self.url} serves no model or adapter {body.get('model')!r} ({msg}); "
+                                "load the adapter first (VLLMEngine.load_adapter)") from None
+            if e.code < 500:
+                raise VLLMError(f"{path}: HTTP {e.code} from {self.url}: {msg}") from None
+            last = f"HTTP {e.code}: {msg}"
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
+            last = f"{type(e).__name__}: {e}"
+        if attempt < self.retries and retry:
+            time.sleep(self.backoff * 2**attempt)
+    raise VLLMError(f"{path}: {self.url} failed ({last})")
+
+@patch
+def _complete(self: VLLMEngine, prompts, max_new_tokens, temperature, eos_ids, seed, model) -> list[Sample]:
+    body = {"model": model, "prompt": prompts, "max_tokens": int(max_new_tokens),
+            "temperature": float(temperature), "logprobs": 0, "return_token_ids": True,
+            "stop_token_ids": sorted(set(eos_ids)), "skip_special_tokens": False}
+    if seed is not None:
+        body["seed"] = int(seed)
+    choices = sorted(self._post("/v1/completions", body)["choices"], key=lambda c: c["index"])
+    if len(choices) != len(prompts):
+        raise VLLMError(f"/v1/completions: {len(choices)} choices for {len(prompts)} prompts")
+    return [parse_choice(c, eos_ids) for c in choices]
+
+# %% ../../nbs/users/22_vllm.ipynb #da118ffe
+@patch
+def generate(self: VLLMEngine, prompts: list[list[int]], max_new_tokens: int, temperature: float, eos_ids,
+             seed: int | None = None, adapter: str | None = None, seeds: list[int] | None = None) -> list[Sample]:
+    """Sample continuations of token-id prompts. Unseeded: one batched request. Seeded: prompt i gets `seed + i`
+    (or `seeds[i]`) in a request of its own (vLLM seeds a whole request alike), all sent at once."""
+    if not prompts:
+        return []
+    model = adapter or self.adapter or self.model
+    if seeds is None and seed is not None:
+        seeds = [seed + i for i in range(len(prompts))]
+    if seeds is None:
+        return self._complete(prompts, max_new_tokens, temperature, eos_ids, None, model)
+    with ThreadPoolExecutor(min(16, len(prompts))) as ex:
+        one = lambda i: self._complete([prompts[i]], max_new_tokens, temperature, eos_ids, seeds[i], model)
+        parts = ex.map(one, range(len(prompts)))
+        return [s for p in parts for s in p]
+
+@patch
+def reset_prefix_cache(self: VLLMEngine, tries: int = 20) -> None:
+    "Drop every cached prefix (its keys and values came from the old weights); retried while blocks are held."
+    for _ in range(tries):
+        if (self._post("/reset_prefix_cache") or {}).get("success"):
+            return
+        time.sleep(0.25)
+    raise VLLMError(f"/reset_prefix_cache: {self.url} kept answering success = false (blocks still held)")
+
+@patch
+def update_weights_from_disk(self: VLLMEngine, path) -> None:
+    """Reload the weights in place from a saved folder (a tied one through its untied copy: the engine serves
+    untied weights), then reset the prefix cache."""
+    p = untied_folder(_weights_folder(path))
+    try:
+        self._post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(p)}},
+                   retry=False)
+    except VLLMError as e:
+        raise VLLMError(f"reload_weights from {p} failed and a failed reload kills vLLM's engine: restart the "
+                        f"server ({e})") from None
+    self.reset_prefix_cache()
+
+# %% ../../nbs/users/22_vllm.ipynb #e1782199
+@patch
+def sync(self: VLLMEngine, policy) -> bool:
+    """Push `policy`'s weights when they changed since the last push (an optimizer step or a loaded checkpoint
+    bumps every parameter's in-place version counter); True if it pushed. Needs `sync_dir`. A LoRA policy
+    (32_grpo) pushes only its adapter, loaded under the policy's name, and generates with it."""
+    if self.frozen:
+        return False
+    version = sum(p._version for p in policy.model.parameters())
+    if version == self._synced:
+        return False
+    if self.sync_dir is None:
+        raise VLLMError("VLLMEngine.sync: no sync_dir to save the policy's weights in; pass sync_dir=FOLDER")
+    tmp = self.sync_dir.with_name(self.sync_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    if hasattr(policy.model, "peft_config"):
+        policy.model.save_pretrained(tmp)  # the adapter
+    else:
+        save_untied(policy.model, tmp)  # every tensor, the output head on its own
+    shutil.rmtree(self.sync_dir, ignore_errors=True)
+    os.replace(tmp, self.sync_dir)
+    if hasattr(policy.model, "peft_config"):  # the adapter alone, replaced in place under the policy's name
+        self.load_adapter(policy.name, self.sync_dir)
+        self.reset_prefix_cache()  # cached prefixes of the adapter's old weights
+        self.adapter = policy.name
+    else:
+        self.update_weights_from_disk(self.sync_dir)
+    self._synced = version
+    return True
+
+@patch
+def view(self: VLLMEngine, adapter: str | None) -> "VLLMEngine":
+    """A client of the same server that generates with the loaded adapter `adapter` (None: the base model) and
+    never pushes weights: a frozen policy on a shared engine, e.g. a pool entry."""
+    v = copy.copy(self)
+    v.adapter, v.sync_dir, v.frozen = adapter, None, True
+    return v
+
+@patch
+def load_adapter(self: VLLMEngine, name: str, path) -> None:
+    "Load (or replace in place) the peft LoRA adapter saved in `path` under `name`."
+    p = Path(path).resolve()
+    if not (p / "adapter_config.json").exists():
+        raise VLLMError(f"load_adapter {name!r}: {p} has no adapter_config.json; save it with peft's "
+                        "save_pretrained first")
+    self._post("/v1/load_lora_adapter", {"lora_name": name, "lora_path": str(p), "load_inplace": True})

@@ -171,7 +171,7 @@ def test_registered_lab_design_full(tmp_path, exp):
     assert reg.count(" of 10 | ") >= 5, reg
     from scope_nb.experiments.prereg import load_evidence
     ours = json.loads((tmp_path / exp / "lab" / "report" / "evidence.json").read_text())
-    recorded = load_evidence(Path(__file__).parents[1] / "results" / f"{exp}.json")
+    recorded = load_evidence(Path(__file__).parents[2] / "results" / f"{exp}.json")
     assert ours["exploit"] == recorded["exploit"], (ours["exploit"], recorded["exploit"])   # the lab is deterministic per seed
 
 

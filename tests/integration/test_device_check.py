@@ -5,7 +5,7 @@ import importlib.util, json, signal, subprocess, sys, time
 from pathlib import Path
 from fake_sglang import FakeSGLang
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ["--tiny", "--device", "cpu", "--batch", "4", "--prompt", "16", "--new", "8", "--steps", "2"]
 
 

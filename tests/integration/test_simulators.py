@@ -121,7 +121,7 @@ def test_api_key_never_reaches_logs_or_files(server, tmp_path):
 
 def test_a_run_whose_api_simulator_always_fails_exits_nonzero(server, tmp_path):
     "An endpoint answering 500 on every call: `scope train` stops at the first evaluation, exit code 2, the error named."
-    echo = str(Path(__file__).parent.parent / "configs" / "echo_tiny.toml")
+    echo = str(Path(__file__).parents[2] / "configs" / "echo_tiny.toml")
     with FaultProxy(server.base_url, rate=1.0, faults=("500",), seed=5) as proxy:
         r = subprocess.run([SCOPE, "train", echo, "--no-progress", "--set", f"run.out_dir='{tmp_path}'",
                             "--set", f"user.model='api:{server.model_name}'", "--set", f"user.api.base_url='{proxy.base_url}'",

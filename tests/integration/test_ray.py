@@ -5,18 +5,34 @@ import json, math, os, shutil, subprocess, sys, time
 from pathlib import Path
 import pytest
 
-HERE = Path(__file__).parent
+HERE = Path(__file__).parents[1]   # the helper scripts live beside conftest.py
 
 
-def _ray_processes() -> list[str]:
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout.splitlines()
-    return [l for l in out if any(k in l for k in ("raylet", "gcs_server", "ray::", "ray/_private", "dashboard/agent.py"))]
+def _left_in(netns_file: Path) -> list[str]:
+    """The processes still in the test's own network namespace (named in `netns_file` by its shell). The test's cluster
+    runs there alone, so after the run none may be left, while another Ray cluster on the machine (a concurrent test
+    run) is not counted."""
+    ns, out = netns_file.read_text().strip(), []
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and os.readlink(d / "ns" / "net") == ns:
+                args = (d / "cmdline").read_bytes().replace(b"\0", b" ")[:100].decode(errors="replace")
+                out.append(f"{d.name} {args}")
+        except OSError:   # a process that ended while we looked
+            pass
+    return out
+
+
+def _no_process_left(netns_file: Path):
+    for _ in range(30):   # worker processes exit asynchronously after ray.shutdown(); give them a few seconds
+        if not _left_in(netns_file): return
+        time.sleep(0.5)
+    assert not _left_in(netns_file), _left_in(netns_file)
 
 
 def test_ray_run_matches_single_process(tmp_path):
     if shutil.which("unshare") is None: pytest.fail("needs util-linux's unshare (a loopback-only network namespace for Ray)")
-    before = _ray_processes()
-    cmd = f"ip link set lo up && exec {sys.executable} {HERE / 'ray_lab_check.py'} {tmp_path}"
+    cmd = f"readlink /proc/self/ns/net > {tmp_path}/netns && ip link set lo up && exec {sys.executable} {HERE / 'ray_lab_check.py'} {tmp_path}"
     r = subprocess.run(["unshare", "-n", "bash", "-c", cmd], capture_output=True, text=True, timeout=2400,   # a hang guard: minutes on a busy machine
                        env={**os.environ, "RAY_AUTH_MODE": "disabled"})
     assert r.returncode == 0, r.stderr[-3000:]
@@ -50,16 +66,12 @@ def test_ray_run_matches_single_process(tmp_path):
     assert rows["pop-single"][4]["sim/pool_size"] == 2
     same(rows["sp-single"], rows["sp-ray"], 1e-5, 1e-7)     # self-play: the worker's user is its agent
     assert rows["sp-single"][1]["sim/reward"] is not None and rows["sp-single"][1]["train/loss"]
-    for _ in range(30):   # worker processes exit asynchronously after ray.shutdown(); give them a few seconds
-        if _ray_processes() == before: break
-        time.sleep(0.5)
-    assert _ray_processes() == before, _ray_processes()
+    _no_process_left(tmp_path / "netns")
 
 
 def test_ray_workers_generate_on_their_engines_with_synced_weights(tmp_path):
     "Each worker's agent samples on its own SGLang engine; engines release memory while the trainer steps, then load its weights."
-    before = _ray_processes()
-    cmd = f"ip link set lo up && cd {HERE} && exec {sys.executable} {HERE / 'ray_engine_check.py'} {tmp_path}"
+    cmd = f"readlink /proc/self/ns/net > {tmp_path}/netns && ip link set lo up && cd {HERE} && exec {sys.executable} {HERE / 'ray_engine_check.py'} {tmp_path}"
     r = subprocess.run(["unshare", "-n", "bash", "-c", cmd], capture_output=True, text=True, timeout=2400,   # a hang guard: minutes on a busy machine
                        env={**os.environ, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(HERE)})
     assert r.returncode == 0, r.stderr[-3000:]
@@ -98,7 +110,4 @@ def test_ray_workers_generate_on_their_engines_with_synced_weights(tmp_path):
         assert e["update_paths"][0] == rs["driver_writes"][0]
     assert rs["gap_step4_vs_step3_weights"] < 1e-5, rs["gap_step4_vs_step3_weights"]
     assert res["gap_step4_vs_step3_weights"] < 1e-5
-    for _ in range(30):
-        if _ray_processes() == before: break
-        time.sleep(0.5)
-    assert _ray_processes() == before, _ray_processes()
+    _no_process_left(tmp_path / "netns")

@@ -205,7 +205,7 @@ def test_fifty_participants_balanced_and_durable_through_a_restart(tmp_path, lla
     assert sum(t["role"] == "agent" for r in rows for t in r["transcript"]) >= 100   # opening + reply in every session
 
 
-ARTIFACTS = Path(os.environ.get("SCOPE_TEST_ARTIFACTS", Path(__file__).resolve().parents[1] / "test-artifacts")) / "study"
+ARTIFACTS = Path(os.environ.get("SCOPE_TEST_ARTIFACTS", Path(__file__).resolve().parents[2] / "test-artifacts")) / "study"
 
 
 def _chromium() -> str:
