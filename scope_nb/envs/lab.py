@@ -256,7 +256,7 @@ def _clone(policy, examples: list[tuple[list[dict], dict[str, float]]], steps: i
             loss = loss_now()
     return float(loss.detach())
 
-
+# %% ../../nbs/envs/33_lab.ipynb #655126e7
 BASE_OPENINGS = {ASK: 0.45, "hello": 0.45, **{p: 0.02 for p in PITCHES}}
 
 

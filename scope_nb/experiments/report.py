@@ -340,15 +340,11 @@ def report(run_dirs, out_dir, echo=print, comparisons=None) -> dict:
     figs += fig_series(groups, "sim/reward", "Simulator reward", "reward", out, "sim_reward", note)
     has = lambda k: any(r.series(k)[0].size for rs in groups.values() for r in rs)
     if has("sim/entropy"):
-        figs += fig_series(
-            groups, "sim/entropy", "Simulator policy entropy (trained simulators)", "nats / token", out, "sim_entropy",
-            note,
-        )
+        figs += fig_series(groups, "sim/entropy", "Simulator policy entropy (trained simulators)", "nats / token", out,
+                           "sim_entropy", note)
     if has("sim/collapse_eps"):
-        figs += fig_series(
-            groups, "sim/collapse_eps", "Simulator collapse error ε̂_φ (direct meter)", "ε̂_φ", out, "collapse_eps",
-            note,
-        )
+        figs += fig_series(groups, "sim/collapse_eps", "Simulator collapse error ε̂_φ (direct meter)", "ε̂_φ", out,
+                           "collapse_eps", note)
     if lab:
         from scope_nb.envs.lab import fig_lab_strategies, fig_lab_payoffs
 
@@ -361,24 +357,15 @@ def report(run_dirs, out_dir, echo=print, comparisons=None) -> dict:
     if comp:
         atomic_write_text(out / "comparisons.md", comparisons_markdown(comp))
         atomic_write_text(out / "comparisons.json", json.dumps(comp, indent=1))
-    cols = ["method", "metric", "seeds"] + [
-        f"{s}{x}" for s in ("best", "final", "auc") for x in ("", "_std", "_lo", "_hi")
-    ]
+    cols = ["method", "metric", "seeds"]
+    cols += [f"{s}{x}" for s in ("best", "final", "auc") for x in ("", "_std", "_lo", "_hi")]
     buf = io.StringIO()  # method labels hold commas ("RL + Ensemble (K=3), ..."): the csv module quotes them
     w = csv.DictWriter(buf, cols, extrasaction="ignore", lineterminator="\n")
     w.writeheader()
     w.writerows(rows)
     atomic_write_text(out / "table.csv", buf.getvalue())
     atomic_write_text(out / "problems.txt", "".join(p + "\n" for p in problems))
-    echo(
-        f"{len([r for r in runs if r.rows])} runs in {len(groups)} methods; wrote {len(figs)} figure files and the "
-        f"table to {out}"
-    )
-    return {
-        "runs": len(runs),
-        "methods": list(groups),
-        "figures": [str(f) for f in figs],
-        "table": rows,
-        "comparisons": comp,
-        "problems": problems,
-    }
+    echo(f"{len([r for r in runs if r.rows])} runs in {len(groups)} methods; wrote {len(figs)} figure files and the "
+         f"table to {out}")
+    return {"runs": len(runs), "methods": list(groups), "figures": [str(f) for f in figs], "table": rows,
+            "comparisons": comp, "problems": problems}

@@ -335,21 +335,10 @@ class RayBackend:
     """Rollouts on `workers` RolloutWorker actors and updates on one trainer group per trainable policy, on a (local or
     given) Ray cluster."""
 
-    def __init__(
-        self,
-        cfg: Config,
-        workers: int = 2,
-        address: str | None = None,
-        num_cpus: int | None = None,
-        engine_urls: list[str] | None = None,
-        weights_dir=None,
-        trainer: str = "torch",
-        trainer_world: int = 1,
-        gpus_per_rank: float = 0.0,
-        user_engine_urls: list[str] | None = None,
-        colocate: bool = False,
-        trainer_gpus: dict[str, list[int]] | None = None,
-    ):
+    def __init__(self, cfg: Config, workers: int = 2, address: str | None = None, num_cpus: int | None = None,
+                 engine_urls: list[str] | None = None, weights_dir=None, trainer: str = "torch", trainer_world: int = 1,
+                 gpus_per_rank: float = 0.0, user_engine_urls: list[str] | None = None, colocate: bool = False,
+                 trainer_gpus: dict[str, list[int]] | None = None):
         import ray
 
         u = cfg.user
@@ -358,9 +347,8 @@ class RayBackend:
         if trainer not in TRAINERS:
             raise ConfigError(f"--trainer {trainer!r}: use one of {', '.join(TRAINERS)}")
         if trainer_world < 1 or (trainer == "torch" and trainer_world != 1):
-            raise ConfigError(
-                f"--trainer-world {trainer_world}: 'torch' trains on 1 rank; 'fsdp' and 'megatron' on 1 or more"
-            )
+            raise ConfigError(f"--trainer-world {trainer_world}: 'torch' trains on 1 rank; "
+                              "'fsdp' and 'megatron' on 1 or more")
         for flag, urls in (("--engine-urls", engine_urls), ("--user-engine-urls", user_engine_urls)):
             if urls and len(urls) != workers:
                 raise ConfigError(f"{flag}: give one SGLang engine per rollout worker ({workers}), got {len(urls)}")
@@ -372,9 +360,8 @@ class RayBackend:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         self.started = not ray.is_initialized()
         if self.started:
-            local = (
-                {} if address else {"num_cpus": num_cpus or os.cpu_count(), "_node_ip_address": "127.0.0.1"}
-            )  # a cluster sets its own
+            # a given cluster sets its own resources; a local one gets the machine's cores on loopback
+            local = {} if address else {"num_cpus": num_cpus or os.cpu_count(), "_node_ip_address": "127.0.0.1"}
             ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False, **local)
         self.cfg, self.cfg_dict = cfg, to_dict(cfg)
         self.kind, self.world, self.gpus, self.colocate = trainer, trainer_world, gpus_per_rank, colocate

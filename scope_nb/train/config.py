@@ -16,9 +16,9 @@ from .specs import AgentSettings, UserSettings, check_spec, kind_of, mode_chain
 
 # %% auto #0
 __all__ = ['RENAMED', 'WandbSection', 'RunSection', 'EnvSection', 'GrpoSection', 'PanelEntry', 'CollapseSection',
-           'VarianceSplitSection', 'EvalSection', 'CheckpointSection', 'BackendSection', 'Config', 'upgrade_keys',
-           'from_dict', 'to_dict', 'validate', 'read_config_file', 'apply_overrides', 'to_toml', 'load_config',
-           'config_docs']
+           'VarianceSplitSection', 'EvalSection', 'CheckpointSection', 'BackendSection', 'check_across_tables',
+           'Config', 'upgrade_keys', 'from_dict', 'to_dict', 'validate', 'read_config_file', 'apply_overrides',
+           'to_toml', 'load_config', 'config_docs']
 
 # %% ../../nbs/train/36_config.ipynb #500a4847
 class WandbSection(Settings):
@@ -247,6 +247,37 @@ def _check_panel(panel: list[PanelEntry], env):
         if p.cell in names:
             raise ConfigError(f"eval.panel[{i}].cell = {p.cell!r}: a cell may not share a simulator's name")
 
+# %% ../../nbs/train/36_config.ipynb #5a0cc7c9
+def check_across_tables(cfg: "Config") -> None:
+    "Settings that are fine alone but not together; each message names the keys and the fix."
+    env = env_class(cfg.env.name)
+    lo, hi = env.turn_range
+    if not lo <= cfg.env.max_turns <= hi:
+        allowed = f"= {lo}" if lo == hi else f"in [{lo}, {hi}]"
+        raise ConfigError(f"env.max_turns = {cfg.env.max_turns}: the {cfg.env.name} environment plays "
+                          f"max_turns {allowed}")
+    if cfg.env.prompts:
+        try:
+            load_prompts(cfg.env.prompts, env)
+        except ValueError as e:
+            raise ConfigError(f"{e} (env.prompts = {cfg.env.prompts!r})") from None
+    if cfg.env.corpus:  # read now: a missing or malformed corpus fails before any work
+        try:
+            make_env(cfg.env.name, cfg.env.max_turns, corpus=cfg.env.corpus)
+        except (ValueError, OSError) as e:
+            raise ConfigError(f"env.corpus = {cfg.env.corpus!r}: {e}") from None
+    g = cfg.grpo
+    if g.group_size == 1 and g.advantage in ("zscore", "mean"):
+        raise ConfigError(
+            f"grpo.group_size = 1 with grpo.advantage = {g.advantage!r}: a group of one has σ = 0, so every "
+            f"advantage is 0 and nothing trains; set grpo.group_size >= 2 or grpo.advantage = 'raw'"
+        )
+    _check_roles(cfg, env)
+    _check_user(cfg, env)
+    _check_panel(cfg.eval.panel, env)
+    for role in ("agent", "user"):
+        cfg.role_grpo(role)  # a role's [<role>.grpo] overrides, checked against the update's settings
+
 # %% ../../nbs/train/36_config.ipynb #c4f64ce7
 class Config(Settings):
     "A training run: every table, each field typed, ranged and documented; checks across tables run on construction."
@@ -262,34 +293,8 @@ class Config(Settings):
 
     @model_validator(mode="after")
     def _across_tables(self):
-        "Settings that are fine alone but not together; each message names the keys and the fix."
-        env = env_class(self.env.name)
-        lo, hi = env.turn_range
-        if not lo <= self.env.max_turns <= hi:
-            allowed = f"= {lo}" if lo == hi else f"in [{lo}, {hi}]"
-            raise ConfigError(f"env.max_turns = {self.env.max_turns}: the {self.env.name} environment plays "
-                              f"max_turns {allowed}")
-        if self.env.prompts:
-            try:
-                load_prompts(self.env.prompts, env)
-            except ValueError as e:
-                raise ConfigError(f"{e} (env.prompts = {self.env.prompts!r})") from None
-        if self.env.corpus:  # read now: a missing or malformed corpus fails before any work
-            try:
-                make_env(self.env.name, self.env.max_turns, corpus=self.env.corpus)
-            except (ValueError, OSError) as e:
-                raise ConfigError(f"env.corpus = {self.env.corpus!r}: {e}") from None
-        g = self.grpo
-        if g.group_size == 1 and g.advantage in ("zscore", "mean"):
-            raise ConfigError(
-                f"grpo.group_size = 1 with grpo.advantage = {g.advantage!r}: a group of one has σ = 0, so every "
-                f"advantage is 0 and nothing trains; set grpo.group_size >= 2 or grpo.advantage = 'raw'"
-            )
-        _check_roles(self, env)
-        _check_user(self, env)
-        _check_panel(self.eval.panel, env)
-        for role in ("agent", "user"):
-            self.role_grpo(role)  # a role's [<role>.grpo] overrides, checked against the update's settings
+        "Settings that are fine alone but not together (`check_across_tables`)."
+        check_across_tables(self)
         return self
 
     def role_grpo(self, role: str) -> GrpoSection:

@@ -49,41 +49,28 @@ class GRPOConfig(Settings):
     values from Table 6."""
 
     lr: float = Field(1e-6, gt=0, le=1, description="learning rate, constant (paper Table 6: 1e-6)")
-    advantage: Literal[ADVANTAGES] = Field(
-        "zscore",
-        description="group-relative advantage (Eq. 2): zscore (r − mean)/std, "
-        "mean r − mean (no std), raw r (no baseline)",
-    )
-    clip_low: float = Field(
-        0.2, gt=0, lt=1, description="the ratio is clipped below at 1 − clip_low (Eq. 2; paper Table 6: 0.2)"
-    )
-    clip_high: float = Field(
-        0.28,
-        gt=0,
-        le=10,
-        description="the ratio is clipped above at 1 + clip_high (DAPO clip-higher; paper Table 6: 0.28)",
-    )
-    kl_coef: float = Field(
-        0.005, ge=0, description="β of the k3 KL to the frozen reference policy (paper Table 6: 0.005)"
-    )
+    advantage: Literal[ADVANTAGES] = Field("zscore", description="group-relative advantage (Eq. 2): zscore "
+                                           "(r − mean)/std, mean r − mean (no std), raw r (no baseline)")
+    clip_low: float = Field(0.2, gt=0, lt=1,
+                            description="the ratio is clipped below at 1 − clip_low (Eq. 2; paper Table 6: 0.2)")
+    clip_high: float = Field(0.28, gt=0, le=10, description="the ratio is clipped above at 1 + clip_high "
+                             "(DAPO clip-higher; paper Table 6: 0.28)")
+    kl_coef: float = Field(0.005, ge=0,
+                           description="β of the k3 KL to the frozen reference policy (paper Table 6: 0.005)")
     entropy_coef: float = Field(0.0, ge=0, description="entropy bonus weight (the paper uses none)")
-    betas: tuple[float, float] = Field(
-        (0.9, 0.98), strict=False, description="Adam's β1, β2 (paper Table 6: 0.9, 0.98)"
-    )
+    betas: tuple[float, float] = Field((0.9, 0.98), strict=False,
+                                       description="Adam's β1, β2 (paper Table 6: 0.9, 0.98)")
     weight_decay: float = Field(0.1, ge=0, description="AdamW weight decay (paper Table 6: 0.1)")
     grad_clip: float = Field(1.0, gt=0, description="gradient-norm clip (paper Table 6: 1.0)")
     micro_batch: int = Field(8, ge=1, description="streams per forward/backward pass (memory, not maths)")
     updates_per_batch: int = Field(1, ge=1, description="optimizer steps per rollout batch (1: on-policy, the paper's)")
     mask_truncated: bool = Field(False, description="drop episodes cut at the token limit from the loss")
-    flip_advantage: bool = Field(
-        False, description="negative control: train against the advantage (must make learning fail)"
-    )
+    flip_advantage: bool = Field(False,
+                                 description="negative control: train against the advantage (must make learning fail)")
     optimizer: Literal["adamw", "sgd"] = Field(
-        "adamw", description="adamw (the paper's) or sgd (no per-parameter normalisation)"
-    )
-    train_only: list[str] = Field(
-        default_factory=list, description="parameter-name prefixes to train (empty: all), e.g. ['lm_head']"
-    )
+        "adamw", description="adamw (the paper's) or sgd (no per-parameter normalisation)")
+    train_only: list[str] = Field(default_factory=list,
+                                  description="parameter-name prefixes to train (empty: all), e.g. ['lm_head']")
     mixed_precision: Literal["none", "bf16"] = Field(
         "none",
         description="bf16: forward and backward in bfloat16 while the weights, gradients and AdamW state stay float32 "
