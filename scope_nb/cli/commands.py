@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse, json, sys, time
 from pathlib import Path
 from ..core.dialogue import parse_settings
-from .info import demo_conversation, info_lines
+from .info import demo_conversation, demo_summary, info_lines
 from ..users.verbalized import VSConfig
 from ..core.models import PACKAGED_MODELS, ModelNotFound, generate_chat, load_causal_lm
 
@@ -168,6 +168,31 @@ def _train(args, ctx: dict) -> int | None:
         if backend is not None:
             backend.close()
     print(f"run folder: {run_dir}")
+
+# %% ../../nbs/cli/90_cli.ipynb #6294cc57
+def _eval_args(sub):
+    "The arguments of `scope eval`."
+    e = sub.add_parser("eval", help="an agent (a run's checkpoint, a model or an endpoint) against a simulator panel: "
+                       "reward and pass^k")
+    e.add_argument("source", nargs="?", help="a config file or a run folder (its checkpoint); omitted: the defaults")
+    e.add_argument("--checkpoint", default="latest", help="of a run folder: latest (default), best or a step")
+    e.add_argument("--trials", type=int, default=4, help="episodes per test task and simulator (gives pass^1..trials)")
+    e.add_argument("--tasks", type=int, help="test tasks (default: the config's eval.tasks)")
+    e.add_argument("--success", type=float, default=1.0, help="an episode succeeds when the agent's reward >= this")
+    e.add_argument("--out", help="the evaluation's run folder (default: <run.out_dir>/eval/<run.name>-eval)")
+    e.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a setting, e.g. --set agent.model=llama:smollm2")
+
+
+def _eval(args, ctx: dict) -> int | None:
+    "`scope eval`: reward and pass^k of an agent against the panel, written as a run folder `scope report` reads."
+    from scope_nb.experiments.evaluate import eval_source, run_eval
+    from scope_nb.train.config import ConfigError
+
+    if args.trials < 1: raise ConfigError(f"--trials {args.trials}: play each task at least once")
+    cfg, ck = eval_source(args.source, args.overrides, args.out, args.trials, args.tasks, args.checkpoint)
+    ctx["where"] = cfg.run_dir
+    run_eval(cfg, ck, args.success)
 
 # %% ../../nbs/cli/90_cli.ipynb #cl000006
 def _simulate_vs_args(sub):
@@ -467,19 +492,15 @@ def _demo(args, ctx: dict) -> int | None:
     else:
         from scope_nb.experiments.registry import DEMO_ARMS
         from scope_nb.experiments.runner import run_experiment
-        from scope_nb.experiments.report import table_markdown
 
         res = run_experiment("collapse-lab", "lab", range(args.seeds), args.out, args.jobs, list(DEMO_ARMS))
-        print(table_markdown(res["table"]))
-        print(
-            f"collapse lab: {len(DEMO_ARMS) * args.seeds} runs in {res['seconds']:.0f}s; figures (PNG, "
-            f"SVG) and table in {res['report_dir']}"
-        )
+        print("\n" + "\n".join(demo_summary(res["table"], args.seeds, res["seconds"], res["report_dir"])))
 
 # %% ../../nbs/cli/90_cli.ipynb #e46cd502
 COMMANDS = {  # scope <command>: (its arguments, what it does), in the order `scope -h` lists them
     "info": (_info_args, _info),
     "train": (_train_args, _train),
+    "eval": (_eval_args, _eval),
     "simulate-vs": (_simulate_vs_args, _simulate_vs),
     "collapse-meter": (_collapse_meter_args, _collapse_meter),
     "config": (_config_args, _config),

@@ -11,7 +11,7 @@ from ..core.dialogue import Conversation
 from ..core.models import PACKAGED_MODELS, ModelNotFound, cache_dir, generate_chat, load_causal_lm, model_files
 
 # %% auto #0
-__all__ = ['DEMO_SYSTEM', 'devices', 'info_lines', 'demo_conversation']
+__all__ = ['DEMO_SYSTEM', 'devices', 'info_lines', 'demo_conversation', 'demo_summary']
 
 # %% ../../nbs/cli/89_info.ipynb #5d70f661
 def _ver(dist: str) -> str:
@@ -85,3 +85,30 @@ def demo_conversation(
             conv.say(speaker, reply or "...")
             echo(f"{speaker:>5} ({time.perf_counter() - t0:4.1f}s): {reply}")
     return conv
+
+# %% ../../nbs/cli/89_info.ipynb #7c0cbdcb
+def _num(r: dict, k: str) -> str:
+    "A table value with its interval over seeds when there is one (one seed: the value alone, never a nan)."
+    lo, hi = r.get(f"{k}_lo"), r.get(f"{k}_hi")
+    return f"{r[k]:.2f}" if lo is None or lo != lo else f"{r[k]:.2f} [{lo:.2f}, {hi:.2f}]"
+
+
+def demo_summary(rows: list[dict], seeds: int, seconds: float, report_dir) -> list[str]:
+    """The demo's last lines from its report table (`40_report.results_table` rows): RL (Single)'s held-out peak and
+    final, the fixes' final held-out reward, the control, where the figures are, and the command for more seeds."""
+    unseen = {r["method"]: r for r in rows if r["metric"] == "eval/unseen"}
+    rl = unseen.get("RL (Single)")
+    controls = [m for m in unseen if m.startswith("Control:")]
+    fixes = [m for m in unseen if m not in ("Base", "RL (Single)") and m not in controls]
+    out = [f"collapse lab: {len(unseen)} methods x {seeds} seed{'s' * (seeds != 1)} in {seconds:.0f} s "
+           "(a model with the paper's mechanism built in: 33_lab)"]
+    if rl:
+        out.append(f"RL (Single), held-out reward: best evaluation {_num(rl, 'best')} -> final {_num(rl, 'final')}")
+    out += [f"  {m}: final {_num(unseen[m], 'final')}" for m in fixes]
+    out += [f"  {m.removeprefix('Control: ')} (control): final {_num(unseen[m], 'final')}" for m in controls]
+    if "Base" in unseen:
+        out.append(f"  base agent, before training: {_num(unseen['Base'], 'final')}")
+    out.append(f"figures and the full table: {report_dir} (eval_reward.png: held-out reward by step)")
+    if seeds < 2:
+        out.append("intervals over seeds and the comparisons need >= 2 seeds: scope demo --seeds 5")
+    return out

@@ -215,7 +215,10 @@ def comparisons_table(
                 if not a or not b:
                     continue
                 c = diff_ci(a, b)
-                verdict = "higher" if c["lo"] > 0 else "lower" if c["hi"] < 0 else "no difference shown"
+                if c["lo"] != c["lo"]:   # one seed on a side: no interval, so no verdict
+                    verdict = "needs >= 2 seeds per method"
+                else:
+                    verdict = "higher" if c["lo"] > 0 else "lower" if c["hi"] < 0 else "no difference shown"
                 rows.append(
                     dict(method=method, control=control, what=what, metric=key, stat=stat, **c, verdict=verdict)
                 )
@@ -226,9 +229,10 @@ def comparisons_markdown(rows: list[dict]) -> str:
     "The comparisons as Markdown: method − control, 95% Welch CI over seeds, and whether the CI excludes 0."
     head = ("| method | control | eval | stat | difference [95% CI] | seeds | CI excludes 0 "
             "|\n|---|---|---|---|---|---|---|\n")
+    ci = lambda r: f"{r['diff']:+.3f}" + ("" if r["lo"] != r["lo"] else f" [{r['lo']:+.3f}, {r['hi']:+.3f}]")
     return head + "".join(
-        f"| {r['method']} | {r['control']} | {r['metric'].split('/', 1)[-1]} | {r['stat']} | {r['diff']:+.3f} "
-        f"[{r['lo']:+.3f}, {r['hi']:+.3f}] | {r['n'][0]} vs {r['n'][1]} | {r['verdict']} |\n"
+        f"| {r['method']} | {r['control']} | {r['metric'].split('/', 1)[-1]} | {r['stat']} | {ci(r)} "
+        f"| {r['n'][0]} vs {r['n'][1]} | {r['verdict']} |\n"
         for r in rows
     )
 

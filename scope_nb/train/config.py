@@ -229,8 +229,8 @@ def _check_user(cfg: Config, env):
             "user.model = 'same' (self-play) samples both roles in one batch: set user.temperature equal to "
             "agent.temperature"
         )
-    if not cfg.agent.train and not u.train:
-        raise ConfigError("nothing to train: set agent.train or user.train to true")
+    if not cfg.agent.train and not u.train and cfg.run.steps > 0:   # run.steps = 0 only evaluates (scope eval)
+        raise ConfigError("nothing to train: set agent.train or user.train to true (or run.steps = 0 to evaluate)")
 
 
 def _check_panel(panel: list[PanelEntry], env):

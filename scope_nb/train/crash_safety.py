@@ -14,7 +14,7 @@ from ..core.files import atomic_write_text
 
 # %% auto #0
 __all__ = ['append_metrics', 'MetricsError', 'read_metrics', 'summarize', 'save_checkpoint', 'checkpoint_problem',
-           'latest_checkpoint', 'load_checkpoint', 'run_lock']
+           'latest_checkpoint', 'load_weights', 'load_checkpoint', 'run_lock']
 
 # %% ../../nbs/train/29_crash_safety.ipynb #6e08b112
 def _clean(v):
@@ -146,21 +146,25 @@ def latest_checkpoint(run_dir: Path, skipped: list | None = None) -> tuple[int, 
     return None
 
 
+def load_weights(model, folder: Path):
+    "Load a policy's weights saved in `folder` (a LoRA policy's checkpoint is its adapter, 32_grpo; the base is fixed)."
+    if hasattr(model, "peft_config"):
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        res = set_peft_model_state_dict(model, load_file(folder / "adapter_model.safetensors"))
+        if getattr(res, "unexpected_keys", None):
+            raise ValueError(f"{folder}: adapter keys the policy does not have: {res.unexpected_keys[:3]}")
+    else:
+        fresh = type(model).from_pretrained(folder, dtype=next(model.parameters()).dtype)
+        model.load_state_dict(fresh.state_dict())
+
+
 def load_checkpoint(folder: Path, trainers: dict):
     """Load weights and optimizer state of each trainer from a checkpoint folder (reference models stay at the initial
     weights)."""
     for name, tr in trainers.items():
-        model = tr.policy.model
-        if hasattr(model, "peft_config"):  # a LoRA policy's checkpoint is its adapter (32_grpo); the base is fixed
-            from peft import set_peft_model_state_dict
-            from safetensors.torch import load_file
-
-            res = set_peft_model_state_dict(model, load_file(folder / name / "adapter_model.safetensors"))
-            if getattr(res, "unexpected_keys", None):
-                raise ValueError(f"{folder / name}: adapter keys the policy does not have: {res.unexpected_keys[:3]}")
-        else:
-            fresh = type(model).from_pretrained(folder / name, dtype=next(model.parameters()).dtype)
-            model.load_state_dict(fresh.state_dict())
+        load_weights(tr.policy.model, folder / name)
         tr.opt.load_state_dict(torch.load(folder / name / "optimizer.pt", weights_only=True))
 
 # %% ../../nbs/train/29_crash_safety.ipynb #cs000009

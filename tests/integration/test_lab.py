@@ -209,3 +209,20 @@ def test_cpu_llm_p4g_two_families(tmp_path):
     assert len(members) == 2, members
     assert {"eval/smollm2/reward", "eval/gemma3-270m/reward"} <= set(rows[-1])
     assert (tmp_path / "table1-p4g" / "cpu-llm" / "report" / "eval_reward.png").exists()
+
+
+def test_demo_ends_with_its_story_in_a_few_lines_and_no_nan(tmp_path):
+    "`scope demo` (one seed, as `make demo` runs it): the last screen states the headline numbers, nothing reads nan."
+    r = subprocess.run([str(Path(sys.executable).parent / "scope"), "demo", "--jobs", "1", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=1800)
+    assert r.returncode == 0, r.stderr[-2000:]
+    last = r.stdout.strip().split("\n\n")[-1].splitlines()
+    print("\n".join(last))
+    assert len(last) <= 12, last
+    assert last[0].startswith("collapse lab: 7 methods x 1 seed") and last[1].startswith("RL (Single), held-out reward")
+    rl_best, rl_final = (float(x) for x in last[1].split("best evaluation ")[1].split(" -> final "))
+    table = {(t["method"], t["metric"]): t for t in json.loads((tmp_path / "collapse-lab" / "lab" / "report" / "table.json").read_text())}
+    assert (round(table[("RL (Single)", "eval/unseen")]["best"], 2), round(table[("RL (Single)", "eval/unseen")]["final"], 2)) == (rl_best, rl_final)
+    assert any("(control): final" in l for l in last) and "scope demo --seeds 5" in last[-1]
+    texts = [r.stdout, r.stderr] + [p.read_text() for p in (tmp_path / "collapse-lab" / "lab" / "report").glob("*.md")]
+    assert not any("nan" in t.lower().replace("nans", "") for t in texts)
