@@ -194,6 +194,28 @@ def _eval(args, ctx: dict) -> int | None:
     ctx["where"] = cfg.run_dir
     run_eval(cfg, ck, args.success)
 
+# %% ../../nbs/cli/90_cli.ipynb #67e063f7
+def _export_args(sub):
+    "The arguments of `scope export`."
+    x = sub.add_parser("export", help="a run's episodes as OpenAI chat-message JSONL (one chat per episode and role)")
+    x.add_argument("run_dir", help="a run folder (training or scope eval)")
+    x.add_argument("--out", required=True, help="the JSONL file to write")
+    x.add_argument("--roles", default="agent", help="comma-separated: agent, user or agent,user (default agent)")
+    x.add_argument("--what", choices=["train", "eval", "all"], default="all",
+                   help="training trajectories, evaluation episodes, or both")
+    x.add_argument("--include-failed", action="store_true", help="also failed episodes (they carry no reward)")
+
+
+def _export(args, ctx: dict) -> int | None:
+    "`scope export`: one OpenAI chat per episode and role."
+    from scope_nb.experiments.export import export_openai
+
+    roles = tuple(r.strip() for r in args.roles.split(",") if r.strip())
+    bad = [r for r in roles if r not in ("agent", "user")]
+    if bad or not roles: raise ValueError(f"--roles {args.roles!r}: use agent, user or agent,user")
+    n = export_openai(args.run_dir, args.out, roles, args.what, args.include_failed)
+    print(f"{n} chats written to {args.out}")
+
 # %% ../../nbs/cli/90_cli.ipynb #cl000006
 def _simulate_vs_args(sub):
     "The arguments of `scope simulate-vs`."
@@ -501,6 +523,7 @@ COMMANDS = {  # scope <command>: (its arguments, what it does), in the order `sc
     "info": (_info_args, _info),
     "train": (_train_args, _train),
     "eval": (_eval_args, _eval),
+    "export": (_export_args, _export),
     "simulate-vs": (_simulate_vs_args, _simulate_vs),
     "collapse-meter": (_collapse_meter_args, _collapse_meter),
     "config": (_config_args, _config),

@@ -104,3 +104,40 @@ def test_eval_of_an_openai_compatible_endpoint_has_its_known_reward_and_pass_k(t
     assert {"agent-standin", "user-standin"} <= set(ep.models)
     assert "pass^1 0.667" in out and "pass^3 0.667" in out
     assert "| " in _report_table(tmp_path, tmp_path / "ev")
+
+
+def test_exported_chats_are_valid_openai_messages(tmp_path):
+    "`scope export` of an evaluation, and a conversation with a tool call, checked against the OpenAI SDK's own types."
+    from pydantic import TypeAdapter
+    from openai.types.chat import ChatCompletionMessageParam
+    from scope_nb.core.dialogue import Conversation, ToolCall
+    check = TypeAdapter(list[ChatCompletionMessageParam]).validate_python
+    ep = _StandIn()
+    try:
+        _scope("eval", "--set", "env.name='ask'", "--set", "agent.model='api:agent-standin'", "--set", "agent.train=false",
+               "--set", f"agent.api.base_url='{ep.url}'", "--set", "agent.api.key_env=''", "--set", "user.model='api:user-standin'",
+               "--set", f"user.api.base_url='{ep.url}'", "--set", "user.api.key_env=''", "--trials", 2, "--out", tmp_path / "ev")
+    finally:
+        ep.server.shutdown()
+    out = _scope("export", tmp_path / "ev", "--out", tmp_path / "chats.jsonl", "--roles", "agent,user")
+    chats = [json.loads(l) for l in (tmp_path / "chats.jsonl").read_text().splitlines()]
+    assert out.startswith(f"{len(chats)} chats") and len(chats) == 2 * 6          # 3 tasks x 2 trials, both roles
+    for c in chats:
+        check(c["messages"])
+    yes = [c for c in chats if c["role"] == "agent" and c["reward"] == 1.0]
+    assert yes and all(c["messages"][-1] == {"role": "user", "content": "yes, please"} for c in yes)
+    conv = Conversation(system={"agent": "You help.", "user": "You ask."})
+    conv.say("user", "What is my order's status?")
+    conv.say("agent", None, [ToolCall("call_0", "get_order", '{"id": "7"}')])
+    conv.tool_result("agent", "call_0", '{"status": "shipped"}', name="get_order")
+    conv.say("agent", "It has shipped.")
+    msgs = conv.view("agent")
+    check(msgs)
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "tool", "assistant"], msgs
+    with pytest.raises(Exception):   # the check can fail: a role the API does not have is refused
+        check(msgs[:1] + [{"role": "bot", "content": "hi"}])
+    # pydantic validates the SDK's `Iterable` tool_calls lazily, so the calls are checked against its schema by hand
+    calls = [c for m in msgs for c in m.get("tool_calls", [])]
+    assert calls == [{"id": "call_0", "type": "function", "function": {"name": "get_order", "arguments": '{"id": "7"}'}}]
+    assert msgs[3] == {"role": "tool", "content": '{"status": "shipped"}', "tool_call_id": "call_0", "name": "get_order"} or \
+        {k: msgs[3][k] for k in ("role", "content", "tool_call_id")} == {"role": "tool", "content": '{"status": "shipped"}', "tool_call_id": "call_0"}
