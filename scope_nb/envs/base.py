@@ -14,7 +14,7 @@ from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['COLOURS', 'ECHO_WORDS', 'ASK_TOPICS', 'ENTRY_POINTS', 'ENVS', 'Task', 'EnvState', 'Env', 'EchoEnv', 'AskEnv',
-           'register_env', 'env_names', 'env_class', 'make_env', 'load_prompts']
+           'register_env', 'env_names', 'env_class', 'make_env', 'load_prompts', 'load_dataset_tasks']
 
 # %% ../../nbs/envs/10_envs.ipynb #f24975e1
 @dataclass
@@ -45,6 +45,7 @@ class Env:
     vocab: tuple[str, ...] | None = None  # a word vocabulary, for environments that tiny word-level policies can play
     turn_range: tuple[int, int] = (1, 1000)  # the env.max_turns it can play (the config checks it before any work)
     PROMPT_VARS: dict[str, tuple[str, ...]] = {}  # role -> the placeholders a prompt template for it may use
+    TASK_FIELDS: tuple[str, ...] = ()  # what `reset` reads from `task.data`: the columns a dataset of tasks must give
     templates: dict[str, str] = {}  # role -> a template that replaces the built-in system prompt (env.prompts)
     reward_range: tuple[float, float] = (0.0, 1.0)  # every reward lies here (register_env: within [0, 1])
     rewarded: tuple[str, ...] = ("agent", "user")  # the roles `reward` scores
@@ -175,6 +176,7 @@ class AskEnv(Env):
         self._tasks = {s: [t for t in tasks if t.split == s] for s in ("train", "test")}
 
     PROMPT_VARS = {"agent": ("topic",), "user": ("topic",)}
+    TASK_FIELDS = ("topic",)
 
     def reset(self, task):
         t = task.data["topic"]
@@ -273,9 +275,11 @@ def env_class(name: str):
     raise ValueError(f"env.name: unknown environment {name!r}; known: {', '.join(env_names())} (or module:Class)")
 
 # %% ../../nbs/envs/10_envs.ipynb #e0ad7a4e
-def make_env(name: str, max_turns: int | None = None, corpus: str = "", prompts: str = "") -> Env:
+def make_env(name: str, max_turns: int | None = None, corpus: str = "", prompts: str = "", tasks: str = "",
+             task_columns: dict | None = None) -> Env:
     """Build environment `name` from `ENVS`; `corpus` is a data folder for environments that take one (P4G: a ConvoKit
-    corpus), `prompts` a folder of prompt templates (`load_prompts`)."""
+    corpus), `prompts` a folder of prompt templates (`load_prompts`), `tasks` a Hugging Face dataset whose rows replace
+    the built-in tasks (`load_dataset_tasks`, columns renamed by `task_columns`)."""
     c = env_class(name)
     kw = {} if max_turns is None else {"max_turns": max_turns}
     if corpus:
@@ -285,6 +289,8 @@ def make_env(name: str, max_turns: int | None = None, corpus: str = "", prompts:
     env = c(**kw)
     if prompts:
         env.templates = load_prompts(prompts, c)
+    if tasks:
+        env._tasks = load_dataset_tasks(tasks, c, task_columns or {})
     return env
 
 
@@ -315,4 +321,55 @@ def load_prompts(folder, env_cls) -> dict[str, str]:
         out[role] = text
     if not out:
         raise ValueError(f"env.prompts: {d} holds no agent.txt or user.txt")
+    return out
+
+# %% ../../nbs/envs/10_envs.ipynb #cdf57d32
+def _open_dataset(source: str):
+    "A DatasetDict from a save_to_disk folder, or from the local cache by name (offline: the hub is never reached)."
+    try:
+        import datasets
+    except ImportError:
+        raise ValueError("env.tasks: reading a dataset needs the datasets package (pip install 'scope_nb[hf]')") \
+            from None
+    if Path(source).is_dir():
+        try:
+            return datasets.load_from_disk(source)
+        except (FileNotFoundError, ValueError) as e:
+            raise ValueError(f"env.tasks = {source!r}: not a dataset folder written by save_to_disk ({e})") from None
+    import os
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    try:
+        return datasets.load_dataset(source)
+    except Exception as e:
+        raise ValueError(f"env.tasks = {source!r}: neither a folder nor a dataset in the local Hugging Face cache "
+                         f"(the hub is not reached: save the dataset with save_to_disk and give its folder) "
+                         f"[{type(e).__name__}]") from None
+
+
+def load_dataset_tasks(source: str, env_cls, columns: dict) -> dict[str, list[Task]]:
+    "The train and test tasks of `env_cls` from a dataset's rows; fields renamed by `columns` (field -> column)."
+    fields = env_cls.TASK_FIELDS
+    if not fields:
+        raise ValueError(f"env.tasks: the {env_cls.name} environment builds its own tasks (it declares no TASK_FIELDS)")
+    extra = sorted(set(columns) - set(fields))
+    if extra:
+        raise ValueError(f"env.task_columns: {', '.join(extra)} is not a task field of {env_cls.name} "
+                         f"(its fields: {', '.join(fields)})")
+    ds = _open_dataset(source)
+    missing_splits = [s for s in ("train", "test") if s not in ds]
+    if missing_splits:
+        raise ValueError(f"env.tasks = {source!r}: no {' or '.join(missing_splits)} split (it has "
+                         f"{', '.join(ds) or 'none'}); save a DatasetDict with train and test")
+    out = {}
+    for split in ("train", "test"):
+        cols = ds[split].column_names
+        for f in fields:
+            if columns.get(f, f) not in cols:
+                raise ValueError(f"env.tasks: the {split} split has no column {columns.get(f, f)!r} for the task field "
+                                 f"{f!r} (columns: {', '.join(cols)}); map it with env.task_columns.{f} = \"<column>\"")
+        out[split] = [Task(str(row["id"]) if "id" in cols else f"{env_cls.name}/{split}/{i}", split,
+                           {f: row[columns.get(f, f)] for f in fields}) for i, row in enumerate(ds[split])]
+        if not out[split]:
+            raise ValueError(f"env.tasks = {source!r}: the {split} split is empty")
     return out

@@ -93,6 +93,10 @@ class EnvSection(Settings):
         "", description="a folder of prompt templates (agent.txt, user.txt) replacing the environment's built-in "
         "prompts; placeholders per environment in 10_envs (PROMPT_VARS)"
     )
+    tasks: str = Field("", description="a Hugging Face dataset (a save_to_disk folder, or a name in the local cache) "
+                       "whose train/test rows replace the environment's tasks (10_envs, TASK_FIELDS); '' = built-in")
+    task_columns: dict[str, str] = Field(default_factory=dict,
+                                         description="task field -> dataset column, where the names differ")
 
     @field_validator("name")
     @classmethod
@@ -266,6 +270,13 @@ def check_across_tables(cfg: "Config") -> None:
             make_env(cfg.env.name, cfg.env.max_turns, corpus=cfg.env.corpus)
         except (ValueError, OSError) as e:
             raise ConfigError(f"env.corpus = {cfg.env.corpus!r}: {e}") from None
+    if cfg.env.tasks or cfg.env.task_columns:  # read now too: a missing column fails before any work
+        if not cfg.env.tasks:
+            raise ConfigError("env.task_columns is set but env.tasks is not; give the dataset in env.tasks")
+        try:
+            make_env(cfg.env.name, cfg.env.max_turns, tasks=cfg.env.tasks, task_columns=cfg.env.task_columns)
+        except (ValueError, OSError) as e:
+            raise ConfigError(str(e)) from None
     g = cfg.grpo
     if g.group_size == 1 and g.advantage in ("zscore", "mean"):
         raise ConfigError(

@@ -141,3 +141,28 @@ def test_exported_chats_are_valid_openai_messages(tmp_path):
     assert calls == [{"id": "call_0", "type": "function", "function": {"name": "get_order", "arguments": '{"id": "7"}'}}]
     assert msgs[3] == {"role": "tool", "content": '{"status": "shipped"}', "tool_call_id": "call_0", "name": "get_order"} or \
         {k: msgs[3][k] for k in ("role", "content", "tool_call_id")} == {"role": "tool", "content": '{"status": "shipped"}', "tool_call_id": "call_0"}
+
+
+def test_ask_tasks_from_a_datasets_folder_train_and_evaluate(tmp_path):
+    "A DatasetDict saved to a folder in the test supplies ask's tasks: SmolLM2 trains on its train rows, is evaluated on its test rows."
+    import datasets
+    folder = tmp_path / "offers"
+    datasets.DatasetDict({
+        "train": datasets.Dataset.from_dict({"offer": ["a cup of cocoa", "a paper crane", "a short poem"],
+                                             "id": ["cocoa", "crane", "poem"]}),
+        "test": datasets.Dataset.from_dict({"offer": ["a biscuit", "a riddle"], "id": ["biscuit", "riddle"]}),
+    }).save_to_disk(str(folder))
+    common = ["--set", f"env.tasks='{folder}'", "--set", "env.task_columns.topic='offer'"]
+    _scope("train", ROOT / "configs" / "smoke_smollm2.toml", "--no-progress", "--set", f"run.out_dir='{tmp_path}'", *common)
+    run = tmp_path / "smoke-smollm2"
+    trained = {json.loads(l)["task_id"] for f in (run / "trajectories").glob("*.jsonl") for l in f.read_text().splitlines()}
+    evaluated = {json.loads(l)["task_id"] for f in (run / "eval").glob("*/*.jsonl") for l in f.read_text().splitlines()}
+    assert trained and trained <= {"cocoa", "crane", "poem"} and evaluated == {"biscuit", "riddle"}, (trained, evaluated)
+    first = json.loads(next((run / "trajectories").glob("*.jsonl")).read_text().splitlines()[0])
+    assert any(o in first["conversation"]["system"]["agent"] for o in ("cocoa", "paper crane", "short poem"))
+    out = _scope("eval", run, "--trials", 2, "--out", tmp_path / "ev")
+    s = json.loads((tmp_path / "ev" / "eval.json").read_text())
+    assert next(iter(s["simulators"].values()))["tasks"] == 2 and "pass^2" in out
+    r = subprocess.run([SCOPE, "train", ROOT / "configs" / "smoke_smollm2.toml", "--set", f"env.tasks='{folder}'",
+                        "--set", f"run.out_dir='{tmp_path / 'x'}'"], capture_output=True, text=True)
+    assert r.returncode == 2 and "no column 'topic' for the task field 'topic'" in r.stderr and "Traceback" not in r.stderr
