@@ -89,8 +89,8 @@ def demo_conversation(
 # %% ../../nbs/cli/89_info.ipynb #7c0cbdcb
 def _num(r: dict, k: str) -> str:
     "A table value with its interval over seeds when there is one (one seed: the value alone, never a nan)."
-    lo, hi = r.get(f"{k}_lo"), r.get(f"{k}_hi")
-    return f"{r[k]:.2f}" if lo is None or lo != lo else f"{r[k]:.2f} [{lo:.2f}, {hi:.2f}]"
+    from scope_nb.experiments.report import fmt_ci
+    return fmt_ci(r[k], r.get(f"{k}_lo"), r.get(f"{k}_hi"), ".2f")
 
 
 def demo_summary(rows: list[dict], seeds: int, seconds: float, report_dir) -> list[str]:

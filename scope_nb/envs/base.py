@@ -325,7 +325,7 @@ def load_prompts(folder, env_cls) -> dict[str, str]:
 
 # %% ../../nbs/envs/10_envs.ipynb #cdf57d32
 def _open_dataset(source: str):
-    "A DatasetDict from a save_to_disk folder, or from the local cache by name (offline: the hub is never reached)."
+    "A DatasetDict from a save_to_disk folder, or by name from the local cache (or the hub, where there is network)."
     try:
         import datasets
     except ImportError:
@@ -336,15 +336,12 @@ def _open_dataset(source: str):
             return datasets.load_from_disk(source)
         except (FileNotFoundError, ValueError) as e:
             raise ValueError(f"env.tasks = {source!r}: not a dataset folder written by save_to_disk ({e})") from None
-    import os
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    try:
+    try:   # the cache, or the hub unless HF_HUB_OFFLINE=1 (read by datasets at import, as by the model loaders)
         return datasets.load_dataset(source)
     except Exception as e:
-        raise ValueError(f"env.tasks = {source!r}: neither a folder nor a dataset in the local Hugging Face cache "
-                         f"(the hub is not reached: save the dataset with save_to_disk and give its folder) "
-                         f"[{type(e).__name__}]") from None
+        raise ValueError(f"env.tasks = {source!r}: neither a folder nor a dataset in the local Hugging Face cache or "
+                         f"reachable on the hub (without network: save the dataset with save_to_disk and give its "
+                         f"folder) [{type(e).__name__}]") from None
 
 
 def load_dataset_tasks(source: str, env_cls, columns: dict) -> dict[str, list[Task]]:

@@ -13,7 +13,7 @@ from ..train.config import Config, ConfigError, from_dict, load_config, to_dict,
 from ..train.crash_safety import append_metrics, latest_checkpoint, load_weights, read_metrics, run_lock
 from ..train.run import build_panel, build_run_speakers, default_panel, evaluate
 from ..users.modes import Servers
-from .report import mean_ci
+from .report import fmt_ci, mean_ci
 
 # %% auto #0
 __all__ = ['pass_hat_k', 'pass_k_table', 'eval_source', 'eval_summary', 'run_eval', 'eval_lines']
@@ -135,8 +135,7 @@ def run_eval(cfg: Config, checkpoint: Path | None = None, success: float = 1.0, 
     return summary
 
 # %% ../../nbs/experiments/45_eval.ipynb #cc135178
-def _ci(m, lo, hi) -> str:
-    return "n/a" if m is None else f"{m:.3f}" if lo is None or lo != lo else f"{m:.3f} [{lo:.3f}, {hi:.3f}]"
+def _ci(m, lo, hi) -> str: return "n/a" if m is None else fmt_ci(m, lo, hi)
 
 
 def eval_lines(summary: dict, cfg: Config) -> list[str]:

@@ -13,8 +13,8 @@ from ..train.specs import mode_label
 
 # %% auto #0
 __all__ = ['PANEL_CELLS', 'RunLog', 'method_label', 'load_run', 'by_method', 'seed_band', 'curve_stats', 'mean_ci', 'diff_ci',
-           'per_seed', 'results_table', 'table_markdown', 'comparisons_table', 'comparisons_markdown', 'fig_series',
-           'fig_eval_reward', 'fig_group_fractions', 'report']
+           'per_seed', 'results_table', 'fmt_ci', 'table_markdown', 'comparisons_table', 'comparisons_markdown',
+           'fig_series', 'fig_eval_reward', 'fig_group_fractions', 'report']
 
 # %% ../../nbs/experiments/40_report.ipynb #b96944dd
 @dataclass
@@ -185,14 +185,15 @@ def results_table(
     return rows
 
 
+def fmt_ci(m, lo=None, hi=None, fmt: str = ".3f") -> str:
+    "`m [lo, hi]`, or `m` alone when there is no interval (lo None or nan: one seed, one task)."
+    return f"{m:{fmt}}" if lo is None or lo != lo else f"{m:{fmt}} [{lo:{fmt}}, {hi:{fmt}}]"
+
+
 def table_markdown(rows: list[dict]) -> str:
     "The results table as Markdown: final and AUC (headline) as mean [95% CI], best as mean ± std, over seeds."
     head = "| method | eval | seeds | final [95% CI] | AUC [95% CI] | best ± std |\n|---|---|---|---|---|---|\n"
-    ci = lambda r, k: (
-        f"{r[k]:.3f} [{r[k + '_lo']:.3f}, {r[k + '_hi']:.3f}]"
-        if r.get(k + "_lo") == r.get(k + "_lo")
-        else f"{r[k]:.3f}"
-    )
+    ci = lambda r, k: fmt_ci(r[k], r.get(k + "_lo"), r.get(k + "_hi"))
     return head + "".join(
         f"| {r['method']} | {r['metric'].split('/', 1)[-1]} | {r['seeds']} | {ci(r, 'final')} | {ci(r, 'auc')} | "
         f"{r['best']:.3f} ± {r['best_std']:.3f} |\n"
@@ -229,7 +230,7 @@ def comparisons_markdown(rows: list[dict]) -> str:
     "The comparisons as Markdown: method − control, 95% Welch CI over seeds, and whether the CI excludes 0."
     head = ("| method | control | eval | stat | difference [95% CI] | seeds | CI excludes 0 "
             "|\n|---|---|---|---|---|---|---|\n")
-    ci = lambda r: f"{r['diff']:+.3f}" + ("" if r["lo"] != r["lo"] else f" [{r['lo']:+.3f}, {r['hi']:+.3f}]")
+    ci = lambda r: fmt_ci(r["diff"], r["lo"], r["hi"], "+.3f")
     return head + "".join(
         f"| {r['method']} | {r['control']} | {r['metric'].split('/', 1)[-1]} | {r['stat']} | {ci(r)} "
         f"| {r['n'][0]} vs {r['n'][1]} | {r['verdict']} |\n"
