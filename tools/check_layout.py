@@ -25,9 +25,10 @@ PACKAGES = {
     "envs": ("core", "diagnostics", "users"),
     "train": ("core", "diagnostics", "users", "envs"),
     "experiments": ("core", "diagnostics", "users", "envs", "train"),
+    "interop": ("core", "diagnostics", "users", "envs", "train"),
     "scale": ("core", "diagnostics", "users", "envs", "train", "experiments"),
     "study": ("core", "users", "envs", "experiments"),
-    "cli": ("core", "diagnostics", "users", "envs", "train", "experiments", "scale", "study"),
+    "cli": ("core", "diagnostics", "users", "envs", "train", "experiments", "interop", "scale", "study"),
 }
 
 

@@ -14,7 +14,7 @@ from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['COLOURS', 'ECHO_WORDS', 'ASK_TOPICS', 'ENTRY_POINTS', 'ENVS', 'Task', 'EnvState', 'Env', 'EchoEnv', 'AskEnv',
-           'register_env', 'env_names', 'env_class', 'make_env', 'load_prompts', 'load_dataset_tasks']
+           'register_env', 'env_names', 'env_class', 'env_options', 'make_env', 'load_prompts', 'load_dataset_tasks']
 
 # %% ../../nbs/envs/10_envs.ipynb #f24975e1
 @dataclass
@@ -274,14 +274,27 @@ def env_class(name: str):
         return register_env(_load(name, name), name=name)
     raise ValueError(f"env.name: unknown environment {name!r}; known: {', '.join(env_names())} (or module:Class)")
 
+# %% ../../nbs/envs/10_envs.ipynb #10cc9316
+def env_options(env_cls, options: dict) -> dict:
+    """`options` (the `[env.options]` table) checked against `env_cls`'s constructor: each key must be one of its
+    arguments other than those `[env]` sets itself (max_turns, corpus_dir)."""
+    params = [p for p in inspect.signature(env_cls).parameters if p not in ("self", "max_turns", "corpus_dir")]
+    for k in options:
+        if k not in params:
+            takes = f"it takes {', '.join(params)}" if params else "it takes none"
+            raise ValueError(f"env.options.{k}: the {env_cls.name} environment takes no {k}; {takes}")
+    return dict(options)
+
 # %% ../../nbs/envs/10_envs.ipynb #e0ad7a4e
 def make_env(name: str, max_turns: int | None = None, corpus: str = "", prompts: str = "", tasks: str = "",
-             task_columns: dict | None = None) -> Env:
+             task_columns: dict | None = None, options: dict | None = None) -> Env:
     """Build environment `name` from `ENVS`; `corpus` is a data folder for environments that take one (P4G: a ConvoKit
     corpus), `prompts` a folder of prompt templates (`load_prompts`), `tasks` a Hugging Face dataset whose rows replace
-    the built-in tasks (`load_dataset_tasks`, columns renamed by `task_columns`)."""
+    the built-in tasks (`load_dataset_tasks`, columns renamed by `task_columns`), `options` the environment's own
+    constructor arguments (`env.options`, checked against its signature)."""
     c = env_class(name)
     kw = {} if max_turns is None else {"max_turns": max_turns}
+    kw.update(env_options(c, options or {}))
     if corpus:
         if "corpus_dir" not in inspect.signature(c).parameters:
             raise ValueError(f"env.corpus: the {name} environment reads no corpus (p4g does); remove env.corpus")

@@ -140,7 +140,7 @@ class TrainerRank:
         sec = getattr(cfg, role)
         seed = cfg.run.seed if role == "agent" else cfg.run.seed + 1
         e = cfg.env
-        env = make_env(e.name, e.max_turns, e.corpus, e.prompts, e.tasks, e.task_columns)
+        env = make_env(e.name, e.max_turns, e.corpus, e.prompts, e.tasks, e.task_columns, e.options)
         self.pol = build_speaker(sec.model, sec, env, role, seed, True)
         self.args, self.rank, self.world, self.tr = (kind, gcfg, temperature, seed), rank, world, None
         # colocated with engines on a GPU: the optimizer state waits in CPU memory while they generate

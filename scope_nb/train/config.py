@@ -6,7 +6,7 @@
 from __future__ import annotations
 import json, os, re, sys, tomllib, typing
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 # ConfigError: defined in core so that the study server (50_study) can use it without importing the trainer
 from ..core.dialogue import ConfigError, Settings, parse_settings, settings_model
@@ -97,6 +97,8 @@ class EnvSection(Settings):
                        "whose train/test rows replace the environment's tasks (10_envs, TASK_FIELDS); '' = built-in")
     task_columns: dict[str, str] = Field(default_factory=dict,
                                          description="task field -> dataset column, where the names differ")
+    options: dict[str, Any] = Field(default_factory=dict, description="the environment's own constructor arguments "
+                                    "(e.g. verifiers: taskset = '<taskset id>'), checked against its signature")
 
     @field_validator("name")
     @classmethod
@@ -267,15 +269,21 @@ def check_across_tables(cfg: "Config") -> None:
             raise ConfigError(f"{e} (env.prompts = {cfg.env.prompts!r})") from None
     if cfg.env.corpus:  # read now: a missing or malformed corpus fails before any work
         try:
-            make_env(cfg.env.name, cfg.env.max_turns, corpus=cfg.env.corpus)
+            make_env(cfg.env.name, cfg.env.max_turns, corpus=cfg.env.corpus, options=cfg.env.options)
         except (ValueError, OSError) as e:
             raise ConfigError(f"env.corpus = {cfg.env.corpus!r}: {e}") from None
     if cfg.env.tasks or cfg.env.task_columns:  # read now too: a missing column fails before any work
         if not cfg.env.tasks:
             raise ConfigError("env.task_columns is set but env.tasks is not; give the dataset in env.tasks")
         try:
-            make_env(cfg.env.name, cfg.env.max_turns, tasks=cfg.env.tasks, task_columns=cfg.env.task_columns)
+            make_env(cfg.env.name, cfg.env.max_turns, tasks=cfg.env.tasks, task_columns=cfg.env.task_columns,
+                     options=cfg.env.options)
         except (ValueError, OSError) as e:
+            raise ConfigError(str(e)) from None
+    elif cfg.env.options:  # an environment's own arguments (a taskset to load, ...) are checked before any work too
+        try:
+            make_env(cfg.env.name, cfg.env.max_turns, options=cfg.env.options)
+        except (ValueError, OSError, ImportError) as e:
             raise ConfigError(str(e)) from None
     g = cfg.grpo
     if g.group_size == 1 and g.advantage in ("zscore", "mean"):

@@ -147,6 +147,8 @@ def _episode(
         info["truncated_roles"] = sorted(truncated[i])
     if infos[i]:
         info["turns"] = infos[i]
+    if not failed and "reward_info" in st.data:  # what the environment's reward reports beside the numbers (its parts)
+        info["reward_info"] = st.data["reward_info"]
     return Episode(st.task.id, st.conversation, trajs, rewards, status, errors.get(i), group, i % G, step, info)
 
 # %% ../../nbs/train/31_rollout.ipynb #a5544ad7

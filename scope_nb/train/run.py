@@ -104,7 +104,7 @@ def _mean(xs): return float(np.mean(xs)) if len(xs) else None
 def build_run_speakers(cfg: Config, servers: Servers | None = None) -> tuple[Env, Speaker, Speaker]:
     "The run's environment, agent and user, built alike by the run loop and by every rollout worker (64_ray)."
     env = make_env(cfg.env.name, cfg.env.max_turns, corpus=cfg.env.corpus, prompts=cfg.env.prompts, tasks=cfg.env.tasks,
-                   task_columns=cfg.env.task_columns)
+                   task_columns=cfg.env.task_columns, options=cfg.env.options)
     agent = build_speaker(cfg.agent.model, cfg.agent, env, "agent", cfg.run.seed, cfg.agent.train, servers)
     return env, agent, build_user(cfg.user, env, cfg.run.seed + 1, agent, servers, cfg.run_dir)
 
