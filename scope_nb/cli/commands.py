@@ -180,6 +180,8 @@ def _eval_args(sub):
     e.add_argument("--tasks", type=int, help="test tasks (default: the config's eval.tasks)")
     e.add_argument("--success", type=float, default=1.0, help="an episode succeeds when the agent's reward >= this")
     e.add_argument("--out", help="the evaluation's run folder (default: <run.out_dir>/eval/<run.name>-eval)")
+    e.add_argument("--panel", default="", metavar="EXPERIMENT[@SCALE]",
+                   help="a registered experiment's seen/unseen panel instead of the config's (scope experiment list)")
     e.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a setting, e.g. --set agent.model=llama:smollm2")
 
@@ -190,7 +192,7 @@ def _eval(args, ctx: dict) -> int | None:
     from scope_nb.train.config import ConfigError
 
     if args.trials < 1: raise ConfigError(f"--trials {args.trials}: play each task at least once")
-    cfg, ck = eval_source(args.source, args.overrides, args.out, args.trials, args.tasks, args.checkpoint)
+    cfg, ck = eval_source(args.source, args.overrides, args.out, args.trials, args.tasks, args.checkpoint, args.panel)
     ctx["where"] = cfg.run_dir
     run_eval(cfg, ck, args.success)
 

@@ -4,7 +4,7 @@
 
 # %% ../../nbs/experiments/45_eval.ipynb #b5e4736a
 from __future__ import annotations
-import json
+import copy, json
 from math import comb
 from pathlib import Path
 import numpy as np
@@ -13,10 +13,11 @@ from ..train.config import Config, ConfigError, from_dict, load_config, to_dict,
 from ..train.crash_safety import append_metrics, latest_checkpoint, load_weights, read_metrics, run_lock
 from ..train.run import build_panel, build_run_speakers, default_panel, evaluate
 from ..users.modes import Servers
+from .registry import get_experiment
 from .report import fmt_ci, mean_ci
 
 # %% auto #0
-__all__ = ['pass_hat_k', 'pass_k_table', 'eval_source', 'eval_summary', 'run_eval', 'eval_lines']
+__all__ = ['pass_hat_k', 'pass_k_table', 'experiment_panel', 'eval_source', 'eval_summary', 'run_eval', 'eval_lines']
 
 # %% ../../nbs/experiments/45_eval.ipynb #2a4360e0
 def pass_hat_k(c: int, n: int, k: int) -> float:
@@ -46,6 +47,22 @@ def pass_k_table(successes: dict, K: int | None = None, level: float = 0.95) -> 
         rows.append(dict(k=k, pass_k=m, lo=max(lo, 0.0), hi=min(hi, 1.0), tasks=len(per_task)))
     return rows
 
+# %% ../../nbs/experiments/45_eval.ipynb #b95a6b61
+def experiment_panel(spec: str, env: str) -> list[dict]:
+    """The seen/unseen panel of experiment `spec` (`NAME`, or `NAME@SCALE`) for an agent that plays environment `env`:
+    by default the experiment's first scale whose environment is `env`."""
+    name, _, scale = spec.partition("@")
+    e = get_experiment(name)
+    if scale and scale not in e.scales:
+        raise ConfigError(f"--panel {spec}: {name} has no {scale!r} scale; it has {', '.join(e.scales)}")
+    fits = [s for s in ([scale] if scale else e.scales) if e.scales[s][0].get("env", {}).get("name") == env]
+    panels = [e.scales[s][0].get("eval", {}).get("panel") for s in fits]
+    if not any(panels):
+        plays = {s: b.get("env", {}).get("name") for s, (b, _) in e.scales.items() if b.get("eval", {}).get("panel")}
+        where = ", ".join(f"{s}: {v}" for s, v in plays.items()) or "none of its scales has one"
+        raise ConfigError(f"--panel {spec}: no panel of {name} plays the agent's environment {env!r} ({where})")
+    return copy.deepcopy(next(p for p in panels if p))
+
 # %% ../../nbs/experiments/45_eval.ipynb #fa9d6b3d
 def _checkpoint(folder: Path, which: str) -> Path:
     "The checkpoint folder of a run to evaluate: 'latest' (newest verified), 'best' (checkpoints/best.json) or a step."
@@ -67,9 +84,10 @@ def _checkpoint(folder: Path, which: str) -> Path:
 
 
 def eval_source(source: str | None, overrides: list[str], out: str | None, trials: int, tasks: int | None,
-                checkpoint: str = "latest") -> tuple[Config, Path | None]:
+                checkpoint: str = "latest", panel: str = "") -> tuple[Config, Path | None]:
     """The evaluation's config and the checkpoint folder whose agent weights to load (None: the agent as its spec
-    builds it). `source`: a config file, a run folder, or None for the defaults; `out`: the evaluation's run folder."""
+    builds it). `source`: a config file, a run folder, or None for the defaults; `out`: the evaluation's run folder;
+    `panel`: an experiment whose seen/unseen panel replaces the config's (`experiment_panel`)."""
     src = Path(source) if source else None
     folder = None
     if src is not None and src.is_dir():
@@ -83,6 +101,8 @@ def eval_source(source: str | None, overrides: list[str], out: str | None, trial
     d["run"].update(name=Path(out).name if out else f"{cfg.run.name}-eval",
                     out_dir=str(Path(out).parent) if out else str(Path(cfg.run.out_dir) / "eval"), steps=0)
     d["eval"].update(samples=trials, tasks=tasks or cfg.eval.tasks)
+    if panel:
+        d["eval"]["panel"] = experiment_panel(panel, cfg.env.name)
     return from_dict(Config, d), ck
 
 # %% ../../nbs/experiments/45_eval.ipynb #40fe3ff0

@@ -166,3 +166,18 @@ def test_ask_tasks_from_a_datasets_folder_train_and_evaluate(tmp_path):
     r = subprocess.run([SCOPE, "train", ROOT / "configs" / "smoke_smollm2.toml", "--set", f"env.tasks='{folder}'",
                         "--set", f"run.out_dir='{tmp_path / 'x'}'"], capture_output=True, text=True)
     assert r.returncode == 2 and "no column 'topic' for the task field 'topic'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_eval_against_an_experiments_panel(tmp_path):
+    "`--panel collapse-lab`: a lab agent evaluated against that experiment's ten seen/unseen simulators, not its own user."
+    lab = ["env.name='lab'", "env.max_turns=2", "agent.model='lab-agent'", "agent.train=false", "agent.max_new_tokens=2",
+           "user.model='lab:frugal@4'", "user.max_new_tokens=2"]
+    sets = [x for s in lab for x in ("--set", s)]
+    out = _scope("eval", *sets, "--panel", "collapse-lab", "--trials", 1, "--tasks", 2, "--out", tmp_path / "ev")
+    s = json.loads((tmp_path / "ev" / "eval.json").read_text())
+    assert len(s["simulators"]) == 10 and {"frugal", "analyst-g4"} <= set(s["simulators"]), sorted(s["simulators"])
+    assert all(v["tasks"] == 2 and v["episodes"] == 2 for v in s["simulators"].values())
+    assert "against 10 simulator(s)" in out.splitlines()[0], out
+    r = subprocess.run([SCOPE, "eval", *sets, "--panel", "llm-collapse", "--out", tmp_path / "x"], capture_output=True,
+                       text=True)
+    assert r.returncode == 2 and "plays the agent's environment 'lab'" in r.stderr and "Traceback" not in r.stderr, r.stderr
