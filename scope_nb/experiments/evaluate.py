@@ -127,23 +127,40 @@ def eval_summary(run_dir: Path, panel_names: list[str], success: float, K: int) 
                          pass_k=pass_k_table(ok, k) if k else [])
     return out
 
+# %% ../../nbs/experiments/45_eval.ipynb #1204c501
+def _resumable(run_dir: Path, cfg: Config, names: list[str], checkpoint: Path | None) -> frozenset:
+    """The simulators of an evaluation cut short whose episodes are saved in `run_dir`, after checking that it was the
+    same evaluation (config and checkpoint); the source is then recorded for the next resume."""
+    saved = frozenset(n for n in names if (run_dir / "eval" / "step_000000" / f"{n}.jsonl").exists())
+    source = {"config": to_toml(to_dict(cfg)), "checkpoint": str(checkpoint or "")}
+    f = run_dir / "eval_source.json"
+    if saved and (not f.exists() or json.loads(f.read_text()) != source):
+        raise ConfigError(f"{run_dir} holds part of another evaluation (other config or checkpoint); give another "
+                          "--out, or delete that folder to start again")
+    atomic_write_text(f, json.dumps(source))
+    return saved
+
 # %% ../../nbs/experiments/45_eval.ipynb #deb8e577
 def run_eval(cfg: Config, checkpoint: Path | None = None, success: float = 1.0, echo=print) -> dict:
     """Play cfg's agent (with `checkpoint`'s weights) against its panel, `eval.samples` trials per test task, and
-    write the evaluation's run folder; returns `eval.json`'s content. A finished evaluation is read, not run again."""
+    write the evaluation's run folder; returns `eval.json`'s content. A finished evaluation is read, not run again;
+    one cut short resumes: the simulators whose episodes were saved are not played again."""
     run_dir = cfg.run_dir
     names = [e.name for e in default_panel(cfg)]
     with run_lock(run_dir):
         if not (run_dir / "eval.json").exists():
+            done = _resumable(run_dir, cfg, names, checkpoint)
+            if done:
+                echo(f"resuming {run_dir}: {len(done)} of {len(names)} simulator(s) already evaluated")
             atomic_write_text(run_dir / "config.toml", to_toml(to_dict(cfg)))
-            (run_dir / "metrics.jsonl").unlink(missing_ok=True)   # an evaluation cut short is played again whole
+            (run_dir / "metrics.jsonl").unlink(missing_ok=True)   # its one row is written when every simulator is done
             with Servers() as servers:
                 env, agent, user = build_run_speakers(cfg, servers)
                 if checkpoint is not None:
                     if not hasattr(agent, "model"):
                         raise ConfigError(f"{checkpoint}: the agent {cfg.agent.model!r} has no weights to load")
                     load_weights(agent.model, checkpoint / "agent")
-                row = evaluate(cfg, env, agent, build_panel(cfg, env, agent, user, servers), 0, run_dir)
+                row = evaluate(cfg, env, agent, build_panel(cfg, env, agent, user, servers), 0, run_dir, done=done)
             summary = dict(success=success, trials=cfg.eval.samples, checkpoint=str(checkpoint or ""),
                            simulators=eval_summary(run_dir, names, success, cfg.eval.samples))
             for name, s in summary["simulators"].items():

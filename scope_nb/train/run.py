@@ -13,7 +13,7 @@ from .config import Config, ConfigError, PanelEntry, to_dict, to_toml
 from .crash_safety import append_metrics, latest_checkpoint, load_checkpoint, read_metrics, run_lock
 from .crash_safety import save_checkpoint, summarize
 from ..core.dialogue import Speaker
-from ..core.files import atomic_write_text, write_jsonl
+from ..core.files import atomic_write_text, read_jsonl, write_jsonl
 from ..core.loggers import check_loggers, open_loggers
 from ..envs.base import Env, make_env
 from .grpo import GRPOTrainer, group_stats, role_items
@@ -55,27 +55,32 @@ def check_failures(episodes, cfg: Config, step: int, what: str):
 
 def evaluate(
     cfg: Config, env: Env, agent: Speaker, panel: list[tuple[PanelEntry, Speaker]], step: int, run_dir: Path,
-    backend=None,
+    backend=None, done: frozenset = frozenset(),
 ) -> dict:
     """Agent vs each panel simulator on the test split; per-simulator, seen, unseen and overall means; episodes saved.
     With a `backend` (64_ray) the episodes are played where rollouts are: its workers build the same panel and
-    generate on their engines (`panel=j` names the entry), so the driver's copy of the policy never generates."""
+    generate on their engines (`panel=j` names the entry), so the driver's copy of the policy never generates.
+    Simulators named in `done` are not played again: their saved episodes count (`scope eval` resuming)."""
     tasks = env.tasks("test")[: cfg.eval.tasks]
     out, seen, unseen, cells = {}, [], [], {}
     for j, (entry, sim) in enumerate(panel):
-        agent.reseed(_seed(cfg.run.seed, step, 10_000 + j))
-        if sim is not agent:
-            sim.reseed(_seed(cfg.run.seed, step, 20_000 + j))
-        temps = {"agent": cfg.eval.agent_temperature, "user": entry.temperature}
-        play = rollout if backend is None else functools.partial(backend.rollout, panel=j)
-        res = play(env, tasks, cfg.eval.samples, {"agent": agent, "user": sim}, (), temps, step=step,
-                   tag=f"eval:{entry.name}:")
-        write_jsonl(Path(run_dir) / "eval" / f"step_{step:06d}" / f"{entry.name}.jsonl", res.episodes)
-        check_failures(res.episodes, cfg, step, f"evaluation episodes against {entry.name}")
-        r = [e.rewards["agent"] for e in res.episodes if e.status != "failed"]
+        path = Path(run_dir) / "eval" / f"step_{step:06d}" / f"{entry.name}.jsonl"
+        if entry.name in done:
+            episodes = read_jsonl(path)
+        else:  # seeds by the entry's place in the panel: a resumed evaluation plays what an uninterrupted one would
+            agent.reseed(_seed(cfg.run.seed, step, 10_000 + j))
+            if sim is not agent:
+                sim.reseed(_seed(cfg.run.seed, step, 20_000 + j))
+            temps = {"agent": cfg.eval.agent_temperature, "user": entry.temperature}
+            play = rollout if backend is None else functools.partial(backend.rollout, panel=j)
+            episodes = play(env, tasks, cfg.eval.samples, {"agent": agent, "user": sim}, (), temps, step=step,
+                            tag=f"eval:{entry.name}:").episodes
+            write_jsonl(path, episodes)
+        check_failures(episodes, cfg, step, f"evaluation episodes against {entry.name}")
+        r = [e.rewards["agent"] for e in episodes if e.status != "failed"]
         m = float(np.mean(r)) if r else None
         out[f"eval/{entry.name}/reward"], out[f"eval/{entry.name}/reward_std"] = m, float(np.std(r)) if r else None
-        out[f"eval/{entry.name}/frac_failed"] = 1 - len(r) / max(1, len(res.episodes))
+        out[f"eval/{entry.name}/frac_failed"] = 1 - len(r) / max(1, len(episodes))
         if m is not None and not entry.extra:
             (seen if entry.seen else unseen).append(m)
         if m is not None and entry.cell:
