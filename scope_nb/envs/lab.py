@@ -20,7 +20,7 @@ __all__ = ['CONCERNS', 'PITCHES', 'ADDRESSES', 'ASK', 'TOPICS', 'LAB_VOCAB', 'FA
            'MODE_EXPLOIT_GAP', 'VS_RECOVERY', 'PERSONA_SIGMA', 'BASE_OPENINGS', 'STRATEGIES', 'LAB_NOTE',
            'family_distribution', 'outcome_of', 'LabEnv', 'parse_lab_spec', 'LabSimulator', 'measure_lab_simulators',
            'lab_agent', 'lab_user', 'check_lab_spec', 'lab_speaker', 'strategy_stats', 'strategy_shares',
-           'fig_lab_strategies', 'fig_lab_payoffs']
+           'strategy_summary', 'fig_lab_strategies', 'fig_lab_payoffs']
 
 # %% ../../nbs/envs/33_lab.ipynb #406e7b92
 CONCERNS = ("price", "trust", "time", "impact", "proof")
@@ -404,6 +404,16 @@ def strategy_shares(run_dir) -> tuple[list[int], dict[str, list[float]]]:
     "Per training step of a lab run: the share of episodes in each strategy of STRATEGIES."
     steps, shares, _ = strategy_stats(run_dir)
     return steps, shares
+
+
+def strategy_summary(run) -> dict:
+    """A lab run's strategy shares for its report's stats.json (40_report): per strategy, the mean share over the first
+    and last 10 training steps and the share at the last step. `run` is a RunLog (or anything with `.path`)."""
+    steps, shares = strategy_shares(run.path)
+    if not steps:
+        return {}
+    return {f"lab/share/{k}": {"first10": float(np.mean(v[:10])), "last10": float(np.mean(v[-10:])),
+                               "final": float(v[-1])} for k, v in shares.items()}
 
 
 LAB_NOTE = "The lab (33_lab): a model in which the mechanism is assumed, not evidence about LLM simulators."

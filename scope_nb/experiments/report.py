@@ -12,9 +12,10 @@ from ..core.files import atomic_write_text, save_figure
 from ..train.specs import mode_label
 
 # %% auto #0
-__all__ = ['PANEL_CELLS', 'RunLog', 'method_label', 'load_run', 'by_method', 'seed_band', 'curve_stats', 'mean_ci', 'diff_ci',
-           'per_seed', 'results_table', 'fmt_ci', 'table_markdown', 'comparisons_table', 'comparisons_markdown',
-           'fig_series', 'fig_eval_reward', 'fig_group_fractions', 'report']
+__all__ = ['PANEL_CELLS', 'WINDOWS', 'STEP_KEYS', 'RunLog', 'method_label', 'load_run', 'by_method', 'seed_band', 'curve_stats',
+           'mean_ci', 'diff_ci', 'per_seed', 'results_table', 'fmt_ci', 'table_markdown', 'first_reach', 'run_stats',
+           'stats_json', 'load_stats', 'stat_values', 'stat_methods', 'comparisons_table', 'comparisons_markdown',
+           'stats_markdown', 'stat_diffs', 'fig_series', 'fig_eval_reward', 'fig_group_fractions', 'report']
 
 # %% ../../nbs/experiments/40_report.ipynb #b96944dd
 @dataclass
@@ -200,6 +201,75 @@ def table_markdown(rows: list[dict]) -> str:
         for r in rows
     )
 
+# %% ../../nbs/experiments/40_report.ipynb #e347c30d
+WINDOWS = {"first3": (0, 3), "first10": (0, 10), "last5": (-5, None), "last10": (-10, None)}
+STEP_KEYS = ("train/reward", "train/entropy", "train/frac_reward_zero_std", "train/frac_all_success",
+             "train/frac_all_failure", "sim/reward", "sim/entropy")
+
+
+def first_reach(steps, vals, level: float = 0.8, w: int = 5) -> int | None:
+    "The first step at which the trailing `w`-step mean of `vals` reaches `level` (None: never)."
+    for i in range(w - 1, len(vals)):
+        if np.mean(vals[i + 1 - w : i + 1]) >= level:
+            return int(steps[i])
+    return None
+
+
+def run_stats(run: RunLog, extra=None) -> dict:
+    """One run's numbers as tables read them: best/final/AUC of each eval curve, window means of the per-step curves
+    (`WINDOWS`), the step the training reward's 5-step mean first reaches 0.8, the collapse meter's first and last
+    readings (with the last one's interval); `extra(run)` adds its own (the lab's strategy shares)."""
+    out = {}
+    evals = sorted({k for r in run.rows for k in r if k.startswith("eval/")} - {k for r in run.rows for k in r
+                                                                               if k.endswith(("_std", "frac_failed"))})
+    for k in evals:
+        if s := curve_stats(*run.series(k)):
+            out[k] = s
+    for k in STEP_KEYS:
+        steps, v = run.series(k)
+        if len(v):
+            out[k] = {w: float(np.mean(v[a:b])) for w, (a, b) in WINDOWS.items()}
+    if "train/reward" in out:
+        out["train/reward"]["reach_0.8"] = first_reach(*run.series("train/reward"))
+    steps, eps = run.series("sim/collapse_eps")
+    if len(eps):
+        lo, hi = run.series("sim/collapse_eps_lo")[1], run.series("sim/collapse_eps_hi")[1]
+        out["sim/collapse_eps"] = {"first": float(eps[0]), "last": float(eps[-1]),
+                                   "last_lo": float(lo[-1]) if len(lo) else None,
+                                   "last_hi": float(hi[-1]) if len(hi) else None}
+    if extra is not None:
+        out.update(extra(run))
+    return out
+
+# %% ../../nbs/experiments/40_report.ipynb #78fd8725
+def stats_json(runs: list[RunLog], extra=None) -> dict:
+    "`run_stats` of every run that has rows, with its method and seed: what a report writes to stats.json."
+    return {"runs": [{"name": r.name, "method": r.method, "seed": r.seed, "stats": run_stats(r, extra)}
+                     for r in runs if r.rows]}
+
+
+def load_stats(path) -> dict:
+    "Read a stats.json (a report's, or a copy in results/); a clear error when it is missing or not one."
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no stats file; run the experiment (its report writes report/stats.json)")
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
+        raise ValueError(f"{path}: not a stats file (needs 'runs'; written by report)")
+    return data
+
+
+def stat_values(data: dict, method: str, key: str, stat: str) -> list[float]:
+    "One number per run of `method`, in seed order: `stat` of `key` (e.g. 'eval/unseen', 'final') where it has one."
+    runs = sorted((r for r in data["runs"] if r["method"] == method), key=lambda r: r["seed"] or 0)
+    vals = [r["stats"].get(key, {}).get(stat) for r in runs]
+    return [float(v) for v in vals if v is not None]
+
+
+def stat_methods(data: dict) -> list[str]:
+    "The methods of a stats file, in the order the report met them."
+    return list(dict.fromkeys(r["method"] for r in data["runs"]))
+
 # %% ../../nbs/experiments/40_report.ipynb #85fdff49
 def comparisons_table(
     groups: dict[str, list[RunLog]], comparisons, keys=("eval/unseen",), stats=("final", "auc")
@@ -236,6 +306,33 @@ def comparisons_markdown(rows: list[dict]) -> str:
         f"| {r['n'][0]} vs {r['n'][1]} | {r['verdict']} |\n"
         for r in rows
     )
+
+# %% ../../nbs/experiments/40_report.ipynb #f706e34e
+def stats_markdown(data: dict, key: str, stats=("final", "auc"), methods=None, labels=None) -> str:
+    "Per method of a stats file: seeds and each of `stats` of `key` as mean [95% CI over seeds] (Markdown)."
+    labels = labels or {}
+    names = {"final": "final", "auc": "AUC", "best": "best", "first10": "first 10 steps", "last10": "last 10 steps",
+             "first3": "first 3 steps", "last5": "last 5 steps", "last": "last", "first": "first"}
+    head = f"| method | seeds | " + " | ".join(f"{names.get(s, s)} [95% CI]" for s in stats) + " |"
+    out = [head, "|---|---|" + "---|" * len(stats)]
+    for m in methods or stat_methods(data):
+        cols = [stat_values(data, m, key, s) for s in stats]
+        if not any(cols):
+            continue
+        cells = [fmt_ci(*mean_ci(v)) if v else "—" for v in cols]
+        out.append(f"| {labels.get(m, m)} | {max(len(v) for v in cols)} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def stat_diffs(data: dict, comparisons, key: str = "eval/unseen", stat: str = "final") -> list[dict]:
+    """For each (method, control, what): the Welch difference of `stat` of `key` over seeds, as `comparisons_table`
+    computes it from run folders."""
+    rows = []
+    for method, control, what in comparisons:
+        a, b = stat_values(data, method, key, stat), stat_values(data, control, key, stat)
+        if a and b:
+            rows.append(dict(method=method, control=control, what=what, metric=key, stat=stat, **diff_ci(a, b)))
+    return rows
 
 # %% ../../nbs/experiments/40_report.ipynb #4b5a7a1e
 def _fig(title: str, ylabel: str):
@@ -324,8 +421,8 @@ def fig_group_fractions(groups, out: Path, note: str = "") -> list[Path]:
 
 # %% ../../nbs/experiments/40_report.ipynb #da0ade61
 def report(run_dirs, out_dir, echo=print, comparisons=None) -> dict:
-    """Load run folders, write figures (PNG + SVG), table.md / .csv / .json, comparisons.md / .json (if given) and
-    problems.txt into `out_dir`."""
+    """Load run folders, write figures (PNG + SVG), table.md / .csv / .json, comparisons.md / .json (if given), the
+    per-run numbers stats.json and problems.txt into `out_dir`."""
     out = Path(out_dir)
     runs = [load_run(d) for d in run_dirs]
     problems = [p for r in runs for p in r.problems]
@@ -356,6 +453,10 @@ def report(run_dirs, out_dir, echo=print, comparisons=None) -> dict:
         figs += fig_lab_strategies(groups, out)
         figs += fig_lab_payoffs(groups, out)
     rows = results_table(groups)
+    extra = None
+    if lab:
+        from scope_nb.envs.lab import strategy_summary as extra  # the lab's strategy shares per run
+    atomic_write_text(out / "stats.json", json.dumps(stats_json(runs, extra), separators=(",", ":")) + "\n")
     atomic_write_text(out / "table.md", table_markdown(rows))
     atomic_write_text(out / "table.json", json.dumps(rows, indent=1))
     comp = comparisons_table(groups, comparisons) if comparisons else []
