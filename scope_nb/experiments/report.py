@@ -14,8 +14,9 @@ from ..train.specs import mode_label
 # %% auto #0
 __all__ = ['PANEL_CELLS', 'WINDOWS', 'STEP_KEYS', 'RunLog', 'method_label', 'load_run', 'by_method', 'seed_band', 'curve_stats',
            'mean_ci', 'diff_ci', 'per_seed', 'results_table', 'fmt_ci', 'table_markdown', 'first_reach', 'run_stats',
-           'stats_json', 'load_stats', 'stat_values', 'stat_methods', 'comparisons_table', 'comparisons_markdown',
-           'stats_markdown', 'stat_diffs', 'fig_series', 'fig_eval_reward', 'fig_group_fractions', 'report']
+           'rounded', 'stats_json', 'load_stats', 'stat_values', 'stat_methods', 'comparisons_table',
+           'comparisons_markdown', 'stats_markdown', 'stat_diffs', 'fig_series', 'fig_eval_reward',
+           'fig_group_fractions', 'report']
 
 # %% ../../nbs/experiments/40_report.ipynb #b96944dd
 @dataclass
@@ -242,10 +243,19 @@ def run_stats(run: RunLog, extra=None) -> dict:
     return out
 
 # %% ../../nbs/experiments/40_report.ipynb #78fd8725
+def rounded(x, places: int = 6):
+    "`x` with every float rounded to `places` decimals (nested dicts and lists): stats files stay a few tens of kB."
+    if isinstance(x, float):
+        return round(x, places)
+    if isinstance(x, dict):
+        return {k: rounded(v, places) for k, v in x.items()}
+    return [rounded(v, places) for v in x] if isinstance(x, list) else x
+
+
 def stats_json(runs: list[RunLog], extra=None) -> dict:
-    "`run_stats` of every run that has rows, with its method and seed: what a report writes to stats.json."
-    return {"runs": [{"name": r.name, "method": r.method, "seed": r.seed, "stats": run_stats(r, extra)}
-                     for r in runs if r.rows]}
+    "`run_stats` of every run that has rows, with its method and seed (floats to 6 decimals): a report's stats.json."
+    return rounded({"runs": [{"name": r.name, "method": r.method, "seed": r.seed, "stats": run_stats(r, extra)}
+                             for r in runs if r.rows]})
 
 
 def load_stats(path) -> dict:
