@@ -98,7 +98,9 @@ def test_a_scope_nb_vs_user_answers_inside_a_verifiers_rollout(tmp_path, monkeyp
     for k, v in offline_uv_env().items():  # verifiers' chat program installed by uv from the wheels make venv fetched
         monkeypatch.setenv(k, v)
     monkeypatch.setenv("SCOPE_TEST_KEY", "none")
-    monkeypatch.setenv("HOME", str(tmp_path))  # verifiers' runtime keeps its scripts and uv environments there
+    from scope_nb.core.models import cache_dir
+    monkeypatch.setenv("SCOPE_NB_CACHE", str(cache_dir()))  # the served models stay where they are ...
+    monkeypatch.setenv("HOME", str(tmp_path))  # ... and verifiers' runtime keeps its scripts and uv environments here
     user = {"model": "llama:smollm2", "mode": "vs", "vs": {"n": 3}, "max_new_tokens": 160}
     assistant = {"harness": {"id": "null"}, "runtime": {"type": "subprocess"}, "sampling": {"max_tokens": 48}}
     env = vf.load_environment(vf.resolve_env_config({"id": "scope-nb-user", "taskset": {"id": ts}, "user": user,
