@@ -125,6 +125,7 @@ class VerifiersEnv(Env):
         self._check_tasks()
         tasks = [Task(k, "train", {"scenario": t.data.prompt_text, "system_prompt": t.data.system_prompt or ""})
                  for k, t in self.vf_tasks.items()]
+        self.task_by_id = {t.id: t for t in tasks}  # what ScopeUserEnv resets for a verifiers task
         n_test = 0 if len(tasks) == 1 else max(1, round(len(tasks) * test_share))
         train, test = tasks[: len(tasks) - n_test], tasks[len(tasks) - n_test :] or tasks
         self._tasks = {"train": train, "test": [Task(t.id, "test", t.data) for t in test]}
@@ -244,8 +245,7 @@ async def _episode(self: ScopeUserEnv, task, agents):
     "One episode: the scope_nb user opens from the task's prompt; the assistant answers until the user is done."
     senv = self.scope_env
     sid = next(k for k, t in senv.vf_tasks.items() if t.key == task.key)
-    data = {"scenario": task.data.prompt_text, "system_prompt": task.data.system_prompt or ""}
-    state = senv.reset(Task(sid, "train", data))
+    state = senv.reset(senv.task_by_id[sid])
     self.scope_episodes += 1
     key, turns = f"verifiers/{sid}/{self.scope_episodes}", []
     plain = type(task)(task.data.model_copy(update={"prompt": None}), task.config)  # the goal is the user's alone
