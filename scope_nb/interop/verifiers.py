@@ -23,33 +23,12 @@ from ..core.dialogue import ConfigError, Conversation, Request, parse_settings
 from ..envs.base import Env, EnvState, Task
 from ..train.specs import UserSettings, build_user, mode_label
 from ..users.modes import Servers
+from ..users.simulators import run_coro
 
 # %% auto #0
-__all__ = ['DONE', 'USER_PROMPT', 'CHAT_WHEELS', 'run_sync', 'chat_trace', 'score_chat', 'load_taskset', 'runtime_signals',
-           'VerifiersEnv', 'ScopeUserEnvConfig', 'ScopeUserEnv', 'user_settings', 'chat_program_requirements',
-           'download_chat_wheels', 'offline_uv_env']
-
-# %% ../../nbs/interop/47_verifiers.ipynb #45af0d22
-def run_sync(coro):
-    "Run coroutine `coro` to its end from synchronous code, also where this thread already runs an event loop."
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    out: dict = {}
-
-    def target():
-        try:
-            out["value"] = asyncio.run(coro)
-        except BaseException as e:  # re-raised in the caller's thread
-            out["error"] = e
-
-    t = threading.Thread(target=target, name="run_sync")
-    t.start()
-    t.join()
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
+__all__ = ['DONE', 'USER_PROMPT', 'CHAT_WHEELS', 'chat_trace', 'score_chat', 'load_taskset', 'runtime_signals', 'VerifiersEnv',
+           'ScopeUserEnvConfig', 'ScopeUserEnv', 'user_settings', 'chat_program_requirements', 'download_chat_wheels',
+           'offline_uv_env']
 
 # %% ../../nbs/interop/47_verifiers.ipynb #8662d9ba
 _MESSAGE = {"system": vf.SystemMessage, "user": vf.UserMessage, "assistant": vf.AssistantMessage}
@@ -67,7 +46,7 @@ def chat_trace(task: vf.Task, messages: list[dict]) -> vf.Trace:
 def score_chat(task: vf.Task, messages: list[dict]) -> tuple[float, dict[str, float], dict[str, float]]:
     "`task`'s reward of a finished chat (its `score`): the weighted total, each reward, and each metric."
     trace = chat_trace(task, messages)
-    run_sync(task.score(trace))
+    run_coro(task.score(trace))
     rewards = {k: float(r.score) for k, r in trace.rewards.items() if r is not None}
     return float(trace.reward), rewards, {k: float(v) for k, v in trace.metrics.items() if v is not None}
 
