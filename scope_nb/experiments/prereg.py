@@ -14,8 +14,8 @@ from .report import diff_ci
 __all__ = ['SHOP_HELD_OUT', 'SHOP_REGISTERED', 'LAB_HELD_OUT', 'LAB_UPDATE_REGISTERED', 'LAB_EXPLOITABLE_REGISTERED', 'perm_test',
            'signflip_test', 'boot_seeds', 'boot_episodes', 'holm', 'eval_rewards', 'learning_signal', 'eval_step_list',
            'matched_step', 'Registered', 'registered_tests', 'registered_markdown', 'evidence', 'save_evidence',
-           'load_evidence', 'seeds_figure', 'arms_markdown', 'ask_shares', 'shop_registered', 'exploit_seeds',
-           'lab_registered', 'lab_update_registered', 'lab_exploitable_registered']
+           'load_evidence', 'seeds_figure', 'arms_markdown', 'ask_shares', 'shop_moves', 'moves_markdown',
+           'shop_registered', 'exploit_seeds', 'lab_registered', 'lab_update_registered', 'lab_exploitable_registered']
 
 # %% ../../nbs/experiments/44_prereg.ipynb #71f1ab2b
 def perm_test(a, b) -> float:
@@ -333,11 +333,53 @@ def ask_shares(exp_dir, arm: str) -> list[float]:
 
     return [float(np.mean([m["move"] == "ask" for m in eval_moves(r)])) for r in _runs(exp_dir, arm)]
 
+# %% ../../nbs/experiments/44_prereg.ipynb #8c3b8d01
+def shop_moves(exp_dir) -> dict:
+    """Per arm with runs in `exp_dir` (`<arm>-s<seed>` folders with an evaluation): its seeds and, per seed, the last
+    evaluation's episodes as [family, first move, reward]."""
+    from scope_nb.experiments.shop_measure import eval_moves
+
+    arms: dict[str, list[Path]] = {}
+    for r in sorted(Path(exp_dir).glob("*-s*")):
+        arm, _, seed = r.name.rpartition("-s")
+        if seed.isdigit() and (r / "eval").is_dir():
+            arms.setdefault(arm, []).append(r)
+    out = {}
+    for arm, runs in arms.items():
+        runs.sort(key=lambda p: int(p.name.rpartition("-s")[2]))
+        out[arm] = dict(seeds=[int(r.name.rpartition("-s")[2]) for r in runs],
+                        episodes=[[[m["family"], m["move"], m["reward"]] for m in eval_moves(r)] for r in runs])
+    return out
+
+# %% ../../nbs/experiments/44_prereg.ipynb #4af1b8ef
+def moves_markdown(moves: dict, labels: dict | None = None, seen=None) -> str:
+    """Per arm of `shop_moves`: episodes pooled over seeds, first-move shares, realised payoffs and reward on the seen
+    and held-out families (`38_shop_measure.move_summary`), and each seed's share of questions / of "speed"."""
+    from scope_nb.envs.shop import SHOP_SEEN
+    from scope_nb.experiments.shop_measure import move_summary
+
+    labels, f = labels or {}, lambda x: "—" if x is None else f"{x:.2f}"
+    out = ["| arm | families | episodes | speed | other pitch | ask | off-topic | pitch payoff | ask payoff | reward "
+           "| per seed: ask / speed |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for arm, d in moves.items():
+        recs = lambda eps: [dict(family=a, move=b, reward=c) for a, b, c in eps]
+        s = move_summary(recs([e for eps in d["episodes"] for e in eps]), seen or SHOP_SEEN)
+        per = ", ".join(f"{np.mean([e[1] == 'ask' for e in eps]):.2f}/{np.mean([e[1] == 'speed' for e in eps]):.2f}"
+                        for eps in d["episodes"])
+        for g in ("seen", "unseen"):
+            x = s[g]
+            out.append(f"| {labels.get(arm, arm)} | {g} | {x['n']} | {x['speed']:.2f} | "
+                       f"{x['exploit'] - x['speed']:.2f} | {x['ask']:.2f} | {x['off_topic']:.2f} | "
+                       f"{f(x['exploit_payoff'])} | {f(x['ask_payoff'])} "
+                       f"| {f(x['reward'])} | {per if g == 'seen' else ''} |")
+    return "\n".join(out)
+
 # %% ../../nbs/experiments/44_prereg.ipynb #fd5d5feb
 def shop_registered(src, echo=print, tests=SHOP_REGISTERED, B: int = 2000) -> dict:
     """The shop experiment's registered tests and mechanism check on the runs in `src` (an experiment's scale folder,
     where it writes `report/registered.md` and `report/evidence.json`) or on its evidence; returns the rows and text."""
-    ev = src if isinstance(src, dict) else evidence(src, tests, "llm-collapse") | {"ask_shares": ask_shares(src, "vs")}
+    ev = src if isinstance(src, dict) else (evidence(src, tests, "llm-collapse")
+                                            | {"ask_shares": ask_shares(src, "vs"), "moves": shop_moves(src)})
     rows = registered_tests(ev, tests, B)
     asks = ev["ask_shares"]
     mech = sum(a > 0.5 for a in asks) >= int(np.ceil(0.6 * len(asks))) and len(asks) >= 2

@@ -15,7 +15,7 @@ from ..train.specs import mode_label
 __all__ = ['PANEL_CELLS', 'WINDOWS', 'STEP_KEYS', 'RunLog', 'method_label', 'load_run', 'by_method', 'seed_band', 'curve_stats',
            'mean_ci', 'diff_ci', 'per_seed', 'results_table', 'fmt_ci', 'table_markdown', 'first_reach', 'run_stats',
            'rounded', 'stats_json', 'load_stats', 'stat_values', 'stat_methods', 'comparisons_table',
-           'comparisons_markdown', 'stats_markdown', 'stat_diffs', 'fig_series', 'fig_eval_reward',
+           'comparisons_markdown', 'columns_markdown', 'stats_markdown', 'stat_diffs', 'fig_series', 'fig_eval_reward',
            'fig_group_fractions', 'report']
 
 # %% ../../nbs/experiments/40_report.ipynb #b96944dd
@@ -221,8 +221,8 @@ def run_stats(run: RunLog, extra=None) -> dict:
     (`WINDOWS`), the step the training reward's 5-step mean first reaches 0.8, the collapse meter's first and last
     readings (with the last one's interval); `extra(run)` adds its own (the lab's strategy shares)."""
     out = {}
-    evals = sorted({k for r in run.rows for k in r if k.startswith("eval/")} - {k for r in run.rows for k in r
-                                                                               if k.endswith(("_std", "frac_failed"))})
+    keys = {k for r in run.rows for k in r}
+    evals = sorted(k for k in keys if k.startswith("eval/") and not k.endswith(("_std", "frac_failed")))
     for k in evals:
         if s := curve_stats(*run.series(k)):
             out[k] = s
@@ -318,20 +318,26 @@ def comparisons_markdown(rows: list[dict]) -> str:
     )
 
 # %% ../../nbs/experiments/40_report.ipynb #f706e34e
-def stats_markdown(data: dict, key: str, stats=("final", "auc"), methods=None, labels=None) -> str:
-    "Per method of a stats file: seeds and each of `stats` of `key` as mean [95% CI over seeds] (Markdown)."
+def columns_markdown(data: dict, columns, methods=None, labels=None) -> str:
+    """Per method of a stats file: seeds and, per column `(key, stat, header)`, `stat` of `key` as mean [95% CI over
+    seeds] (Markdown); a method with none of the columns is left out."""
     labels = labels or {}
-    names = {"final": "final", "auc": "AUC", "best": "best", "first10": "first 10 steps", "last10": "last 10 steps",
-             "first3": "first 3 steps", "last5": "last 5 steps", "last": "last", "first": "first"}
-    head = f"| method | seeds | " + " | ".join(f"{names.get(s, s)} [95% CI]" for s in stats) + " |"
-    out = [head, "|---|---|" + "---|" * len(stats)]
+    out = ["| method | seeds | " + " | ".join(f"{h} [95% CI]" for _, _, h in columns) + " |",
+           "|---|---|" + "---|" * len(columns)]
     for m in methods or stat_methods(data):
-        cols = [stat_values(data, m, key, s) for s in stats]
+        cols = [stat_values(data, m, key, s) for key, s, _ in columns]
         if not any(cols):
             continue
         cells = [fmt_ci(*mean_ci(v)) if v else "—" for v in cols]
         out.append(f"| {labels.get(m, m)} | {max(len(v) for v in cols)} | " + " | ".join(cells) + " |")
     return "\n".join(out)
+
+
+def stats_markdown(data: dict, key: str, stats=("final", "auc"), methods=None, labels=None) -> str:
+    "Per method of a stats file: seeds and each of `stats` of `key` as mean [95% CI over seeds] (Markdown)."
+    names = {"final": "final", "auc": "AUC", "best": "best", "first10": "first 10 steps", "last10": "last 10 steps",
+             "first3": "first 3 steps", "last5": "last 5 steps", "last": "last", "first": "first"}
+    return columns_markdown(data, [(key, s, names.get(s, s)) for s in stats], methods, labels)
 
 
 def stat_diffs(data: dict, comparisons, key: str = "eval/unseen", stat: str = "final") -> list[dict]:
