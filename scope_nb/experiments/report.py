@@ -12,9 +12,9 @@ from ..core.files import atomic_write_text, save_figure
 from ..train.specs import mode_label
 
 # %% auto #0
-__all__ = ['PANEL_CELLS', 'WINDOWS', 'STEP_KEYS', 'RunLog', 'method_label', 'load_run', 'by_method', 'seed_band', 'curve_stats',
-           'mean_ci', 'diff_ci', 'per_seed', 'results_table', 'fmt_ci', 'table_markdown', 'first_reach', 'run_stats',
-           'rounded', 'stats_json', 'load_stats', 'stat_values', 'stat_methods', 'comparisons_table',
+__all__ = ['PANEL_CELLS', 'WINDOWS', 'STEP_KEYS', 'READING_KEYS', 'RunLog', 'method_label', 'load_run', 'by_method', 'seed_band',
+           'curve_stats', 'mean_ci', 'diff_ci', 'per_seed', 'results_table', 'fmt_ci', 'table_markdown', 'first_reach',
+           'run_stats', 'rounded', 'stats_json', 'load_stats', 'stat_values', 'stat_methods', 'comparisons_table',
            'comparisons_markdown', 'columns_markdown', 'stats_markdown', 'stat_diffs', 'fig_series', 'fig_eval_reward',
            'fig_group_fractions', 'report']
 
@@ -206,6 +206,7 @@ def table_markdown(rows: list[dict]) -> str:
 WINDOWS = {"first3": (0, 3), "first10": (0, 10), "last5": (-5, None), "last10": (-10, None)}
 STEP_KEYS = ("train/reward", "train/entropy", "train/frac_reward_zero_std", "train/frac_all_success",
              "train/frac_all_failure", "sim/reward", "sim/entropy")
+READING_KEYS = ("train/var_share_sim", "train/var_share_agent")  # read every few steps (Eq. 6's split)
 
 
 def first_reach(steps, vals, level: float = 0.8, w: int = 5) -> int | None:
@@ -219,7 +220,8 @@ def first_reach(steps, vals, level: float = 0.8, w: int = 5) -> int | None:
 def run_stats(run: RunLog, extra=None) -> dict:
     """One run's numbers as tables read them: best/final/AUC of each eval curve, window means of the per-step curves
     (`WINDOWS`), the step the training reward's 5-step mean first reaches 0.8, the collapse meter's first and last
-    readings (with the last one's interval); `extra(run)` adds its own (the lab's strategy shares)."""
+    readings (with the last one's interval), the first and last of the occasional readings (`READING_KEYS`) with their
+    steps; `extra(run)` adds its own (the lab's strategy shares)."""
     out = {}
     keys = {k for r in run.rows for k in r}
     evals = sorted(k for k in keys if k.startswith("eval/") and not k.endswith(("_std", "frac_failed")))
@@ -230,6 +232,11 @@ def run_stats(run: RunLog, extra=None) -> dict:
         steps, v = run.series(k)
         if len(v):
             out[k] = {w: float(np.mean(v[a:b])) for w, (a, b) in WINDOWS.items()}
+    for k in READING_KEYS:
+        steps, v = run.series(k)
+        if len(v):
+            out[k] = {"first": float(v[0]), "last": float(v[-1]),
+                      "first_step": int(steps[0]), "last_step": int(steps[-1])}
     if "train/reward" in out:
         out["train/reward"]["reach_0.8"] = first_reach(*run.series("train/reward"))
     steps, eps = run.series("sim/collapse_eps")
