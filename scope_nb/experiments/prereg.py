@@ -223,15 +223,16 @@ def registered_markdown(rows: list[dict]) -> str:
     return "\n".join(out)
 
 # %% ../../nbs/experiments/44_prereg.ipynb #2619e76e
-def evidence(exp_dir, tests: list[Registered], experiment: str = "") -> dict:
+def evidence(exp_dir, tests: list[Registered], experiment: str = "", extra_arms=()) -> dict:
     """What `tests` read from an experiment's runs (per test: both arms' per-seed episode rewards and seeds), and per
-    arm its per-seed final mean on the primary (first) test's families: plain JSON, a few kB."""
+    arm (the tests' and `extra_arms`) its per-seed final mean on the primary (first) test's families: plain JSON, a
+    few kB."""
     ev = {"experiment": experiment, "families": list(tests[0].families), "tests": {}, "arms": {}}
     for t in tests:
         a, b, sa, sb = _values(exp_dir, t)
         floats = lambda runs: [list(map(float, x)) for x in runs]
         ev["tests"][t.name] = dict(a=floats(a), b=floats(b), sa=sa, sb=sb)
-    for arm in dict.fromkeys(x for t in tests for x in (t.a, t.b)):
+    for arm in dict.fromkeys([x for t in tests for x in (t.a, t.b)] + list(extra_arms)):
         runs = _runs(exp_dir, arm)
         ev["arms"][arm] = dict(seeds=[int(r.name.rsplit("-s", 1)[1]) for r in runs],
                                final=[float(np.mean(eval_rewards(r, tests[0].families))) for r in runs])
@@ -378,8 +379,12 @@ def moves_markdown(moves: dict, labels: dict | None = None, seen=None) -> str:
 def shop_registered(src, echo=print, tests=SHOP_REGISTERED, B: int = 2000) -> dict:
     """The shop experiment's registered tests and mechanism check on the runs in `src` (an experiment's scale folder,
     where it writes `report/registered.md` and `report/evidence.json`) or on its evidence; returns the rows and text."""
-    ev = src if isinstance(src, dict) else (evidence(src, tests, "llm-collapse")
-                                            | {"ask_shares": ask_shares(src, "vs"), "moves": shop_moves(src)})
+    if not isinstance(src, dict):
+        moves = shop_moves(src)   # every arm that ran, so the untested arms (Ensemble, Co-Training) are shown too
+        ev = evidence(src, tests, "llm-collapse", extra_arms=moves) | {"ask_shares": ask_shares(src, "vs"),
+                                                                       "moves": moves}
+    else:
+        ev = src
     rows = registered_tests(ev, tests, B)
     asks = ev["ask_shares"]
     mech = sum(a > 0.5 for a in asks) >= int(np.ceil(0.6 * len(asks))) and len(asks) >= 2
