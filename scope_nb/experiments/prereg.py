@@ -15,7 +15,8 @@ __all__ = ['SHOP_HELD_OUT', 'SHOP_REGISTERED', 'LAB_HELD_OUT', 'LAB_UPDATE_REGIS
            'signflip_test', 'boot_seeds', 'boot_episodes', 'holm', 'eval_rewards', 'learning_signal', 'eval_step_list',
            'matched_step', 'Registered', 'registered_tests', 'registered_markdown', 'evidence', 'save_evidence',
            'load_evidence', 'seeds_figure', 'arms_markdown', 'ask_shares', 'shop_moves', 'moves_markdown',
-           'shop_registered', 'exploit_seeds', 'lab_registered', 'lab_update_registered', 'lab_exploitable_registered']
+           'moves_figure', 'shop_registered', 'exploit_seeds', 'lab_registered', 'lab_update_registered',
+           'lab_exploitable_registered']
 
 # %% ../../nbs/experiments/44_prereg.ipynb #71f1ab2b
 def perm_test(a, b) -> float:
@@ -374,6 +375,41 @@ def moves_markdown(moves: dict, labels: dict | None = None, seen=None) -> str:
                        f"{f(x['exploit_payoff'])} | {f(x['ask_payoff'])} "
                        f"| {f(x['reward'])} | {per if g == 'seen' else ''} |")
     return "\n".join(out)
+
+# %% ../../nbs/experiments/44_prereg.ipynb #8b7d62fd
+def moves_figure(moves: dict, labels: dict | None = None, title: str = "", ax=None):
+    """What each seed of each arm of `shop_moves` opens with at its last evaluation (all families): one stacked bar per
+    seed, pitching "speed" / another concern / asking / off-topic. Returns the figure."""
+    import matplotlib.pyplot as plt
+    from scope_nb.envs.shop import CONCERNS
+
+    labels = labels or {}
+    kinds = [("speed", lambda m: m == "speed", "C3"),
+             ("other pitch", lambda m: m in CONCERNS and m != "speed", "C1"),
+             ("ask", lambda m: m == "ask", "C2"),
+             ("off-topic / none", lambda m: m not in CONCERNS and m != "ask", "0.7")]
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(0.3 * sum(len(d["seeds"]) + 1 for d in moves.values()) + 1.5, 3.0))
+    else:
+        fig = ax.figure
+    x, ticks = 0, []
+    for arm, d in moves.items():
+        start = x
+        for eps in d["episodes"]:
+            bottom = 0.0
+            for name, hit, color in kinds:
+                share = float(np.mean([hit(e[1]) for e in eps])) if eps else 0.0
+                ax.bar(x, share, bottom=bottom, color=color, width=0.8, label=name if x == 0 else None)
+                bottom += share
+            x += 1
+        ticks.append(((start + x - 1) / 2, labels.get(arm, arm)))
+        x += 1
+    ax.set_xticks([t for t, _ in ticks], [s for _, s in ticks], rotation=20, ha="right", fontsize=8)
+    ax.set_ylabel("share of first moves, per seed", fontsize=8)
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.set_title(title, fontsize=9)
+    return fig
 
 # %% ../../nbs/experiments/44_prereg.ipynb #fd5d5feb
 def shop_registered(src, echo=print, tests=SHOP_REGISTERED, B: int = 2000) -> dict:
