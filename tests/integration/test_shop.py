@@ -66,6 +66,11 @@ def test_llm_collapse_two_step_smoke(tmp_path):
     reg = (root / "report" / "registered.md").read_text()                      # the registered tests, over 2 seeds
     assert reg.count("\n| ") == 5 and "| **primary**: VS − RL (Single)" in reg and "Mechanism" in reg, reg
     assert "VS − RL (Single)" in r.stdout                                      # ... and printed
+    ev = json.loads((root / "report" / "evidence.json").read_text())           # what the notebooks read in results/
+    assert set(ev["moves"]) == set(ev["arms"]) >= {"base", "rl-single", "vs", "co-training", "rl-uncollapsed"}, list(ev["arms"])
+    assert all(len(eps) for d in ev["moves"].values() for eps in d["episodes"])
+    st = json.loads((root / "report" / "stats.json").read_text())
+    assert {"rl-single-s0", "vs-s1", "base-s0"} <= {x["name"] for x in st["runs"]}
     print(reg)
     print(f"smoke: {time.perf_counter() - t0:.0f} s")
 
