@@ -356,22 +356,27 @@ def shop_moves(exp_dir) -> dict:
 # %% ../../nbs/experiments/44_prereg.ipynb #4af1b8ef
 def moves_markdown(moves: dict, labels: dict | None = None, seen=None) -> str:
     """Per arm of `shop_moves`: episodes pooled over seeds, first-move shares, realised payoffs and reward on the seen
-    and held-out families (`38_shop_measure.move_summary`), and each seed's share of questions / of "speed"."""
-    from scope_nb.envs.shop import SHOP_SEEN
+    and held-out families (`38_shop_measure.move_summary`), the concern pitched most (its share of the openings),
+    and each seed's share of questions / of "speed"."""
+    from collections import Counter
+    from scope_nb.envs.shop import CONCERNS, SHOP_SEEN
     from scope_nb.experiments.shop_measure import move_summary
 
     labels, f = labels or {}, lambda x: "—" if x is None else f"{x:.2f}"
-    out = ["| arm | families | episodes | speed | other pitch | ask | off-topic | pitch payoff | ask payoff | reward "
-           "| per seed: ask / speed |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    out = ["| arm | families | episodes | speed | other pitch | most pitched | ask | off-topic | pitch payoff | "
+           "ask payoff | reward | per seed: ask / speed |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for arm, d in moves.items():
         recs = lambda eps: [dict(family=a, move=b, reward=c) for a, b, c in eps]
         s = move_summary(recs([e for eps in d["episodes"] for e in eps]), seen or SHOP_SEEN)
         per = ", ".join(f"{np.mean([e[1] == 'ask' for e in eps]):.2f}/{np.mean([e[1] == 'speed' for e in eps]):.2f}"
                         for eps in d["episodes"])
+        pooled = [e for eps in d["episodes"] for e in eps]
         for g in ("seen", "unseen"):
             x = s[g]
+            in_g = [e[1] for e in pooled if (e[0] in (seen or SHOP_SEEN)) == (g == "seen") and e[1] in CONCERNS]
+            top = (lambda c, n: f"{c} ({n / max(x['n'], 1):.2f})")(*Counter(in_g).most_common(1)[0]) if in_g else "—"
             out.append(f"| {labels.get(arm, arm)} | {g} | {x['n']} | {x['speed']:.2f} | "
-                       f"{x['exploit'] - x['speed']:.2f} | {x['ask']:.2f} | {x['off_topic']:.2f} | "
+                       f"{x['exploit'] - x['speed']:.2f} | {top} | {x['ask']:.2f} | {x['off_topic']:.2f} | "
                        f"{f(x['exploit_payoff'])} | {f(x['ask_payoff'])} "
                        f"| {f(x['reward'])} | {per if g == 'seen' else ''} |")
     return "\n".join(out)
@@ -379,15 +384,15 @@ def moves_markdown(moves: dict, labels: dict | None = None, seen=None) -> str:
 # %% ../../nbs/experiments/44_prereg.ipynb #8b7d62fd
 def moves_figure(moves: dict, labels: dict | None = None, title: str = "", ax=None):
     """What each seed of each arm of `shop_moves` opens with at its last evaluation (all families): one stacked bar per
-    seed, pitching "speed" / another concern / asking / off-topic. Returns the figure."""
+    seed, pitching each concern / asking / off-topic. Returns the figure."""
     import matplotlib.pyplot as plt
     from scope_nb.envs.shop import CONCERNS
 
     labels = labels or {}
-    kinds = [("speed", lambda m: m == "speed", "C3"),
-             ("other pitch", lambda m: m in CONCERNS and m != "speed", "C1"),
-             ("ask", lambda m: m == "ask", "C2"),
-             ("off-topic / none", lambda m: m not in CONCERNS and m != "ask", "0.7")]
+    colors = dict(zip(CONCERNS, ("C0", "C1", "C4", "C5", "C3")))   # speed red, as the collapsed customer's answer
+    kinds = [(c, (lambda c: lambda m: m == c)(c), colors[c]) for c in CONCERNS]
+    kinds += [("ask", lambda m: m == "ask", "C2"),
+              ("off-topic / none", lambda m: m not in CONCERNS and m != "ask", "0.7")]
     if ax is None:
         fig, ax = plt.subplots(figsize=(0.3 * sum(len(d["seeds"]) + 1 for d in moves.values()) + 1.5, 3.0))
     else:
