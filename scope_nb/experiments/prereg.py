@@ -341,14 +341,11 @@ def shop_moves(exp_dir) -> dict:
     evaluation's episodes as [family, first move, reward]."""
     from scope_nb.experiments.shop_measure import eval_moves
 
-    arms: dict[str, list[Path]] = {}
-    for r in sorted(Path(exp_dir).glob("*-s*")):
-        arm, _, seed = r.name.rpartition("-s")
-        if seed.isdigit() and (r / "eval").is_dir():
-            arms.setdefault(arm, []).append(r)
+    names = dict.fromkeys(r.name.rpartition("-s")[0] for r in sorted(Path(exp_dir).glob("*-s*"))
+                          if r.name.rpartition("-s")[2].isdigit() and (r / "eval").is_dir())
     out = {}
-    for arm, runs in arms.items():
-        runs.sort(key=lambda p: int(p.name.rpartition("-s")[2]))
+    for arm in names:
+        runs = [r for r in _runs(exp_dir, arm) if (r / "eval").is_dir()]
         out[arm] = dict(seeds=[int(r.name.rpartition("-s")[2]) for r in runs],
                         episodes=[[[m["family"], m["move"], m["reward"]] for m in eval_moves(r)] for r in runs])
     return out
@@ -362,19 +359,21 @@ def moves_markdown(moves: dict, labels: dict | None = None, seen=None) -> str:
     from scope_nb.envs.shop import CONCERNS, SHOP_SEEN
     from scope_nb.experiments.shop_measure import move_summary
 
-    labels, f = labels or {}, lambda x: "—" if x is None else f"{x:.2f}"
+    labels, seen, f = labels or {}, seen or SHOP_SEEN, lambda x: "—" if x is None else f"{x:.2f}"
     out = ["| arm | families | episodes | speed | other pitch | most pitched | ask | off-topic | pitch payoff | "
            "ask payoff | reward | per seed: ask / speed |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for arm, d in moves.items():
-        recs = lambda eps: [dict(family=a, move=b, reward=c) for a, b, c in eps]
-        s = move_summary(recs([e for eps in d["episodes"] for e in eps]), seen or SHOP_SEEN)
+        pooled = [e for eps in d["episodes"] for e in eps]
+        s = move_summary([dict(family=a, move=b, reward=c) for a, b, c in pooled], seen)
         per = ", ".join(f"{np.mean([e[1] == 'ask' for e in eps]):.2f}/{np.mean([e[1] == 'speed' for e in eps]):.2f}"
                         for eps in d["episodes"])
-        pooled = [e for eps in d["episodes"] for e in eps]
         for g in ("seen", "unseen"):
             x = s[g]
-            in_g = [e[1] for e in pooled if (e[0] in (seen or SHOP_SEEN)) == (g == "seen") and e[1] in CONCERNS]
-            top = (lambda c, n: f"{c} ({n / max(x['n'], 1):.2f})")(*Counter(in_g).most_common(1)[0]) if in_g else "—"
+            pitches = Counter(e[1] for e in pooled if (e[0] in seen) == (g == "seen") and e[1] in CONCERNS)
+            top = "—"
+            if pitches:
+                concern, n = pitches.most_common(1)[0]
+                top = f"{concern} ({n / max(x['n'], 1):.2f})"
             out.append(f"| {labels.get(arm, arm)} | {g} | {x['n']} | {x['speed']:.2f} | "
                        f"{x['exploit'] - x['speed']:.2f} | {top} | {x['ask']:.2f} | {x['off_topic']:.2f} | "
                        f"{f(x['exploit_payoff'])} | {f(x['ask_payoff'])} "
