@@ -84,7 +84,8 @@ LAB_BASE = {
     "grpo": dict(
         lr=3e-3, batch_tasks=8, group_size=8, kl_coef=0.005, micro_batch=64, advantage="mean", train_only=["lm_head"]
     ),
-    "eval": dict(every=10, tasks=16, samples=4, agent_temperature=1.0, panel=lab_panel()),
+    # Eq. 6's split after every update: a measurement costs about a tenth of a lab step (37_run)
+    "eval": dict(every=10, tasks=16, samples=4, agent_temperature=1.0, panel=lab_panel(), variance_split=dict(every=1)),
     "checkpoint": dict(every=40, keep=1),
 }
 

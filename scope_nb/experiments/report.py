@@ -12,11 +12,11 @@ from ..core.files import atomic_write_text, save_figure
 from ..train.specs import mode_label
 
 # %% auto #0
-__all__ = ['PANEL_CELLS', 'WINDOWS', 'STEP_KEYS', 'READING_KEYS', 'RunLog', 'method_label', 'load_run', 'by_method', 'seed_band',
-           'curve_stats', 'mean_ci', 'diff_ci', 'per_seed', 'results_table', 'fmt_ci', 'table_markdown', 'first_reach',
-           'run_stats', 'rounded', 'stats_json', 'load_stats', 'stat_values', 'stat_methods', 'comparisons_table',
-           'comparisons_markdown', 'columns_markdown', 'stats_markdown', 'stat_diffs', 'fig_series', 'fig_eval_reward',
-           'fig_group_fractions', 'report']
+__all__ = ['PANEL_CELLS', 'WINDOWS', 'STEP_KEYS', 'READING_KEYS', 'BIN', 'RunLog', 'method_label', 'load_run', 'by_method',
+           'seed_band', 'curve_stats', 'mean_ci', 'diff_ci', 'per_seed', 'results_table', 'fmt_ci', 'table_markdown',
+           'first_reach', 'run_stats', 'rounded', 'stats_json', 'load_stats', 'stat_values', 'stat_methods',
+           'comparisons_table', 'comparisons_markdown', 'columns_markdown', 'stats_markdown', 'stat_diffs',
+           'fig_series', 'fig_eval_reward', 'fig_group_fractions', 'report']
 
 # %% ../../nbs/experiments/40_report.ipynb #b96944dd
 @dataclass
@@ -206,7 +206,9 @@ def table_markdown(rows: list[dict]) -> str:
 WINDOWS = {"first3": (0, 3), "first10": (0, 10), "last5": (-5, None), "last10": (-10, None)}
 STEP_KEYS = ("train/reward", "train/entropy", "train/frac_reward_zero_std", "train/frac_all_success",
              "train/frac_all_failure", "sim/reward", "sim/entropy")
-READING_KEYS = ("train/var_share_sim", "train/var_share_agent")  # read every few steps (Eq. 6's split)
+# Eq. 6's split, read every few steps or every step (37_run `split_every`): the components and their shares
+READING_KEYS = ("train/var_sim", "train/var_agent", "train/var_share_sim", "train/var_share_agent")
+BIN = 10  # readings per bin of a reading key's coarse curve
 
 
 def first_reach(steps, vals, level: float = 0.8, w: int = 5) -> int | None:
@@ -221,7 +223,8 @@ def run_stats(run: RunLog, extra=None) -> dict:
     """One run's numbers as tables read them: best/final/AUC of each eval curve, window means of the per-step curves
     (`WINDOWS`), the step the training reward's 5-step mean first reaches 0.8, the collapse meter's first and last
     readings (with the last one's interval), the first and last of the occasional readings (`READING_KEYS`) with their
-    steps; `extra(run)` adds its own (the lab's strategy shares)."""
+    steps, the means of their first and last `BIN` readings and a coarse curve (means of consecutive `BIN` readings,
+    each at its last step); `extra(run)` adds its own (the lab's strategy shares)."""
     out = {}
     keys = {k for r in run.rows for k in r}
     evals = sorted(k for k in keys if k.startswith("eval/") and not k.endswith(("_std", "frac_failed")))
@@ -235,8 +238,11 @@ def run_stats(run: RunLog, extra=None) -> dict:
     for k in READING_KEYS:
         steps, v = run.series(k)
         if len(v):
-            out[k] = {"first": float(v[0]), "last": float(v[-1]),
-                      "first_step": int(steps[0]), "last_step": int(steps[-1])}
+            bins = range(0, len(v), BIN)
+            out[k] = {"first": float(v[0]), "last": float(v[-1]), "first_step": int(steps[0]),
+                      "last_step": int(steps[-1]), "n": len(v), "first10": float(np.mean(v[:BIN])),
+                      "last10": float(np.mean(v[-BIN:])), "bins": [float(np.mean(v[i : i + BIN])) for i in bins],
+                      "bin_steps": [int(steps[min(i + BIN, len(v)) - 1]) for i in bins]}
     if "train/reward" in out:
         out["train/reward"]["reach_0.8"] = first_reach(*run.series("train/reward"))
     steps, eps = run.series("sim/collapse_eps")

@@ -144,10 +144,22 @@ class CollapseSection(Settings):
 class VarianceSplitSection(Settings):
     "The `[eval.variance_split]` table: Eq. 6's split of the agent's reward variance during training."
 
-    every: int = Field(0, ge=0, description="log train/var_sim, train/var_agent, their shares every N steps (0: off)")
+    every: int | str = Field(
+        "auto",
+        description="log train/var_sim, train/var_agent and their shares every N steps and at the last (0: off; "
+        "'auto': at eval.every's steps, and off with a note where it cannot be measured: --backend ray, self-play, an "
+        "agent that is not a local policy)",
+    )
     tasks: int = Field(4, ge=1, description="training tasks per measurement")
     agent_draws: int = Field(4, ge=2, description="agent randomness draws ξπ per task (A of Eq. 6's table)")
     sim_draws: int = Field(4, ge=2, description="simulator draws ξU per agent draw (K)")
+
+    @field_validator("every", mode="before")
+    @classmethod
+    def _every(cls, v):
+        if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v >= 0):
+            return v
+        raise ValueError(f"got {v!r}: a whole number of steps >= 0 (0: off) or 'auto' (at the evaluation steps)")
 
 
 class EvalSection(Settings):

@@ -20,11 +20,11 @@ from .grpo import GRPOTrainer, group_stats, role_items
 from .rollout import rollout
 from ..diagnostics.theory import curriculum_reward
 from ..users.modes import Servers
-from .specs import build_speaker, build_user, mode_layers, trained_user
+from .specs import build_speaker, build_user, kind_of, mode_layers, trained_user
 
 # %% auto #0
 __all__ = ['default_panel', 'RunFailed', 'check_failures', 'evaluate', 'apply_sim_reward', 'build_run_speakers', 'build_panel',
-           'train', 'Run']
+           'train', 'Run', 'split_every']
 
 # %% ../../nbs/train/37_run.ipynb #c7690405
 def _seed(seed: int, step: int, k: int = 0) -> int: return (seed * 1_000_003 + step * 7_919 + k * 104_729) % 2**31
@@ -170,6 +170,7 @@ class Run:
     run_dir: Path
     sinks: list = field(default_factory=list)  # TensorBoard / W&B mirrors of metrics.jsonl (05_loggers)
     backend: object = None  # where rollouts and evaluation episodes are played (64_ray), None: in this process
+    split_every: int = 0  # Eq. 6's split every N steps and at the last (`split_every`); 0: never
 
     def sync_weights(self) -> None:
         """Bring the driver's copies of the trained policies up to date before they are written: a backend's trainer
@@ -215,12 +216,9 @@ def _train(cfg: Config, resume: bool, progress: bool, servers: Servers, backend=
     from tqdm.auto import tqdm
 
     torch.manual_seed(cfg.run.seed)
-    if cfg.eval.variance_split.every and (backend is not None or cfg.user.model == "same"):
-        raise ConfigError(
-            "eval.variance_split: needs the agent and a separate simulator in this process (not --backend ray, not "
-            "self-play, whose simulator randomness is the agent's); set eval.variance_split.every = 0"
-        )
+    every = split_every(cfg, backend)
     run = _build(cfg, servers, backend)
+    run.split_every = every
     start = _first_step(run, resume)
     bar = tqdm(
         range(start, cfg.run.steps + 1), initial=start, total=cfg.run.steps + 1, desc=cfg.run.name, disable=not progress
@@ -378,11 +376,30 @@ def _measure_collapse(run: Run, eps: list, step: int, row: dict):
         row["sim/collapse_eps_lo"], row["sim/collapse_eps_hi"] = rep.eps_ci
 
 
+def split_every(cfg: Config, backend=None) -> int:
+    """How often the run measures Eq. 6's split (0: never): `eval.variance_split.every`, with 'auto' read as the
+    evaluation cadence (`eval.every`) where the split can be measured and as off, with a note, where it cannot."""
+    every = cfg.eval.variance_split.every
+    why = "--backend ray (it plays on this process's policy)" if backend is not None else \
+        "self-play (its simulator randomness is the agent's)" if cfg.user.model == "same" else \
+        f"agent.model = {cfg.agent.model!r} (its randomness cannot be fixed: not a local policy)" \
+        if not kind_of(cfg.agent.model).trainable(cfg.agent.model) else ""
+    if every == "auto":
+        if why:
+            print(f"eval.variance_split: not measured under {why}", file=sys.stderr)
+            return 0
+        return cfg.eval.every
+    if every and why:
+        raise ConfigError(f"eval.variance_split.every = {every}: cannot be measured under {why}; set it to 0 or 'auto'")
+    return every
+
+
 def _measure_variance_split(run: Run, step: int, row: dict):
-    """Stage 5b (every eval.variance_split.every steps, after the update): Eq. 6's split of the agent's reward variance
-    on training tasks, A agent draws × K simulator draws each (`31_rollout.variance_split_rollouts`), averaged."""
-    v = run.cfg.eval.variance_split
-    if not (v.every and step % v.every == 0):
+    """Stage 5b (every `run.split_every` steps and at the last, after the update): Eq. 6's split of the agent's reward
+    variance on training tasks, A agent draws × K simulator draws each (`31_rollout.variance_split_rollouts`),
+    averaged."""
+    v, every = run.cfg.eval.variance_split, run.split_every
+    if not (every and (step % every == 0 or step == run.cfg.run.steps)):
         return
     from scope_nb.train.rollout import variance_split_rollouts
 

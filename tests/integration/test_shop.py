@@ -1,7 +1,7 @@
 """The shop game with real LLMs on both sides: the packaged customer families answer through llama.cpp and are labelled,
 a 2-step smoke of the whole `llm-collapse` pipeline (measurement, training, evaluation, report), and (slow) the full
 run and RL (Single) with the agent generating on vLLM."""
-import json, subprocess, sys, time
+import json, os, subprocess, sys, time
 from pathlib import Path
 import numpy as np
 import pytest
@@ -113,8 +113,10 @@ def test_vs_reference_full_run(tmp_path):
 def test_llm_collapse_full_run(tmp_path):
     """The registered design (`make llm`): every arm x 5 seeds (hours on 2 cores): the base agent's groups mostly
     have variance, RL (Single)'s training reward rises in every seed by more than its seeds differ at the start, and the
-    report prints the registered tests with seed-level intervals and exact p-values."""
-    out = tmp_path / "exp"
+    report prints the registered tests with seed-level intervals and exact p-values. SCOPE_LLM_COLLAPSE_OUT names the
+    `--out` folder of an earlier `make llm` to check instead (the command resumes it by name; finished runs are
+    skipped)."""
+    out = Path(os.environ.get("SCOPE_LLM_COLLAPSE_OUT") or tmp_path / "exp")
     r = subprocess.run([SCOPE, "experiment", "run", "llm-collapse", "--scale", "cpu-llm", "--seeds", "5", "--out", str(out)],
                        capture_output=True, text=True, timeout=12 * 3600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
