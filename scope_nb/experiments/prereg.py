@@ -4,7 +4,7 @@
 
 # %% ../../nbs/experiments/44_prereg.ipynb #8060d826
 from __future__ import annotations
-import itertools
+import itertools, re
 from dataclasses import dataclass
 from pathlib import Path
 import numpy as np
@@ -137,7 +137,9 @@ class Registered:
 
 
 def _runs(exp_dir, arm: str) -> list[Path]:
-    runs = sorted(Path(exp_dir).glob(f"{arm}-s*"), key=lambda p: int(p.name.rsplit("-s", 1)[1]))
+    "The run folders of one arm, `<arm>-s<seed>`, in seed order (an arm named `rl` does not pick up `rl-single-s0`)."
+    seed = lambda p: re.fullmatch(re.escape(arm) + r"-s(\d+)", p.name)
+    runs = sorted((p for p in Path(exp_dir).glob(f"{arm}-s*") if seed(p)), key=lambda p: int(seed(p).group(1)))
     if not runs:
         raise FileNotFoundError(f"{exp_dir}: no runs of arm {arm!r} ({arm}-s0, ...); run the experiment with that arm")
     return runs
