@@ -376,14 +376,21 @@ def _measure_collapse(run: Run, eps: list, step: int, row: dict):
         row["sim/collapse_eps_lo"], row["sim/collapse_eps_hi"] = rep.eps_ci
 
 
+def _split_blocker(cfg: Config, backend=None) -> str:
+    "Why Eq. 6's split cannot be measured in this run ('' where it can): it fixes the agent's draws in this process."
+    if backend is not None:
+        return "--backend ray (it plays on this process's policy)"
+    if cfg.user.model == "same":
+        return "self-play (its simulator randomness is the agent's)"
+    if not kind_of(cfg.agent.model).trainable(cfg.agent.model):
+        return f"agent.model = {cfg.agent.model!r} (its randomness cannot be fixed: not a local policy)"
+    return ""
+
+
 def split_every(cfg: Config, backend=None) -> int:
     """How often the run measures Eq. 6's split (0: never): `eval.variance_split.every`, with 'auto' read as the
     evaluation cadence (`eval.every`) where the split can be measured and as off, with a note, where it cannot."""
-    every = cfg.eval.variance_split.every
-    why = "--backend ray (it plays on this process's policy)" if backend is not None else \
-        "self-play (its simulator randomness is the agent's)" if cfg.user.model == "same" else \
-        f"agent.model = {cfg.agent.model!r} (its randomness cannot be fixed: not a local policy)" \
-        if not kind_of(cfg.agent.model).trainable(cfg.agent.model) else ""
+    every, why = cfg.eval.variance_split.every, _split_blocker(cfg, backend)
     if every == "auto":
         if why:
             print(f"eval.variance_split: not measured under {why}", file=sys.stderr)
