@@ -97,14 +97,14 @@ test-fast: venv check
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile tests/fast
 
 ## test: sync checks, notebook tests, then pytest on TEST_WORKERS processes (a test file stays on one process, so
-## module fixtures run once; tests/conftest.py gives each process one torch thread)
+## module fixtures run once; tests/conftest.py gives each process one torch thread); the 20 slowest tests are listed
 TEST_WORKERS ?= 2
 test: venv browser postgres
 	$(PY) tools/check_sync.py
 	$(PY) tools/check_layout.py
 	$(PY) tools/check_style.py
 	$(PY) tools/nbtest.py
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations 20
 
 ## test-slow: the cells and tests flagged slow (minutes of CPU), nightly-style
 test-slow: venv

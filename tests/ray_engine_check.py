@@ -16,6 +16,7 @@ torch.set_num_threads(1)
 out = Path(sys.argv[1])
 d = experiment_dicts("collapse-lab", "lab", (0,), str(out), ["rl-single"], steps=4)[0]
 d["eval"]["every"] = 2; d["checkpoint"]["every"], d["checkpoint"]["keep"] = 3, 5   # checkpoints at steps 3 and 4
+d["eval"]["variance_split"] = dict(every=0)   # the lab measures Eq. 6's split on the driver's policy: not under Ray
 cfg = validate(from_dict(Config, d))
 base = lab_agent(seed=0, name="agent", trainable=True, temperature=1.0, max_new_tokens=2)
 base.model.save_pretrained(out / "engine_start")   # the folder the engines were started from (their /model_info path)

@@ -34,6 +34,7 @@ def config(name, arm):
     d = experiment_dicts("collapse-lab", "lab", (0,), f"{out}/{name}", [arm], steps=4)[0]
     d["agent"]["seeding"] = "episode"; d["user"]["seeding"] = "episode"; d["eval"]["every"] = 2; d["checkpoint"]["every"] = 2
     d["grpo"]["train_only"] = []   # every weight: the split trainers (FSDP2, megatron) shard and train all of them
+    d["eval"]["variance_split"] = dict(every=0)   # Eq. 6's split plays on the driver's policy: not under Ray, so off in both
     return validate(from_dict(Config, d))
 
 

@@ -147,8 +147,8 @@ class VarianceSplitSection(Settings):
     every: int | str = Field(
         "auto",
         description="log train/var_sim, train/var_agent and their shares every N steps and at the last (0: off; "
-        "'auto': at eval.every's steps, and off with a note where it cannot be measured: --backend ray, self-play, an "
-        "agent that is not a local policy)",
+        "'auto': at eval.every's steps, each measurement cut to one training batch of episodes, and off with a note "
+        "where it cannot be measured: --backend ray, self-play, an agent that is not a local policy)",
     )
     tasks: int = Field(4, ge=1, description="training tasks per measurement")
     agent_draws: int = Field(4, ge=2, description="agent randomness draws ξπ per task (A of Eq. 6's table)")

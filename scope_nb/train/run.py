@@ -24,7 +24,7 @@ from .specs import build_speaker, build_user, kind_of, mode_layers, trained_user
 
 # %% auto #0
 __all__ = ['default_panel', 'RunFailed', 'check_failures', 'evaluate', 'apply_sim_reward', 'build_run_speakers', 'build_panel',
-           'train', 'Run', 'split_every']
+           'train', 'Run', 'split_every', 'split_draws']
 
 # %% ../../nbs/train/37_run.ipynb #c7690405
 def _seed(seed: int, step: int, k: int = 0) -> int: return (seed * 1_000_003 + step * 7_919 + k * 104_729) % 2**31
@@ -401,23 +401,40 @@ def split_every(cfg: Config, backend=None) -> int:
     return every
 
 
+def split_draws(cfg: Config) -> tuple[int, int, int]:
+    """The tasks, agent draws A and simulator draws K of one Eq. 6 measurement: as configured, or, under `every =
+    'auto'`, cut to at most one training batch of episodes (`grpo.batch_tasks × grpo.group_size`): fewer tasks first,
+    then fewer draws, never below 1 task and 2 draws of each."""
+    v = cfg.eval.variance_split
+    tasks, A, K = v.tasks, v.agent_draws, v.sim_draws
+    if v.every != "auto":
+        return tasks, A, K
+    budget = cfg.grpo.batch_tasks * cfg.grpo.group_size
+    tasks = max(1, min(tasks, budget // (A * K)))
+    while tasks * A * K > budget and max(A, K) > 2:
+        if K >= A:
+            K -= 1
+        else:
+            A -= 1
+    return tasks, A, K
+
+
 def _measure_variance_split(run: Run, step: int, row: dict):
     """Stage 5b (every `run.split_every` steps and at the last, after the update): Eq. 6's split of the agent's reward
-    variance on training tasks, A agent draws × K simulator draws each (`31_rollout.variance_split_rollouts`),
-    averaged."""
-    v, every = run.cfg.eval.variance_split, run.split_every
+    variance on training tasks, A agent draws × K simulator draws each (`split_draws`,
+    `31_rollout.variance_split_rollouts`), averaged."""
+    every, (n_tasks, A, K) = run.split_every, split_draws(run.cfg)
     if not (every and (step % every == 0 or step == run.cfg.run.steps)):
         return
     from scope_nb.train.rollout import variance_split_rollouts
 
     tasks = run.env.tasks("train")
-    pick = np.random.default_rng(_seed(run.cfg.run.seed, step, 40_000)).permutation(len(tasks))[: v.tasks]
+    pick = np.random.default_rng(_seed(run.cfg.run.seed, step, 40_000)).permutation(len(tasks))[:n_tasks]
     run.user.reseed(_seed(run.cfg.run.seed, step, 40_001))
     temps, parts = {"agent": run.cfg.agent.temperature, "user": run.cfg.user.temperature}, []
     for i in pick:
         try:
-            parts.append(variance_split_rollouts(run.env, tasks[i], run.agent, run.user, v.agent_draws, v.sim_draws,
-                                                 temps))
+            parts.append(variance_split_rollouts(run.env, tasks[i], run.agent, run.user, A, K, temps))
         except ValueError:  # fewer than 2 agent draws without a failed episode: this task says nothing
             pass
     if parts:
