@@ -138,11 +138,15 @@ class Registered:
 
 def _runs(exp_dir, arm: str) -> list[Path]:
     "The run folders of one arm, `<arm>-s<seed>`, in seed order (an arm named `rl` does not pick up `rl-single-s0`)."
-    seed = lambda p: re.fullmatch(re.escape(arm) + r"-s(\d+)", p.name)
-    runs = sorted((p for p in Path(exp_dir).glob(f"{arm}-s*") if seed(p)), key=lambda p: int(seed(p).group(1)))
+    runs = [p for p in Path(exp_dir).glob(f"{arm}-s*") if re.fullmatch(re.escape(arm) + r"-s\d+", p.name)]
     if not runs:
         raise FileNotFoundError(f"{exp_dir}: no runs of arm {arm!r} ({arm}-s0, ...); run the experiment with that arm")
-    return runs
+    return sorted(runs, key=_seed_of)
+
+
+def _seed_of(run: Path) -> int:
+    "A run folder's seed, from its name `<arm>-s<seed>`."
+    return int(run.name.rsplit("-s", 1)[1])
 
 
 def _values(exp_dir, t: Registered) -> tuple[list, list, list, list]:
@@ -154,8 +158,7 @@ def _values(exp_dir, t: Registered) -> tuple[list, list, list, list]:
         b = [eval_rewards(r, t.families, matched_step(r, target)) for r in rb]
     else:
         b = [eval_rewards(r, t.families) for r in rb]
-    seed = lambda p: int(p.name.rsplit("-s", 1)[1])
-    return a, b, [seed(r) for r in ra], [seed(r) for r in rb]
+    return a, b, [_seed_of(r) for r in ra], [_seed_of(r) for r in rb]
 
 # %% ../../nbs/experiments/44_prereg.ipynb #ee1646d5
 def _verdict(lo: float, hi: float, p: float, agree: int, n: int) -> str:
@@ -237,7 +240,7 @@ def evidence(exp_dir, tests: list[Registered], experiment: str = "", extra_arms=
         ev["tests"][t.name] = dict(a=floats(a), b=floats(b), sa=sa, sb=sb)
     for arm in dict.fromkeys([x for t in tests for x in (t.a, t.b)] + list(extra_arms)):
         runs = _runs(exp_dir, arm)
-        ev["arms"][arm] = dict(seeds=[int(r.name.rsplit("-s", 1)[1]) for r in runs],
+        ev["arms"][arm] = dict(seeds=[_seed_of(r) for r in runs],
                                final=[float(np.mean(eval_rewards(r, tests[0].families))) for r in runs])
     return ev
 

@@ -423,11 +423,12 @@ def _measure_variance_split(run: Run, step: int, row: dict):
     """Stage 5b (every `run.split_every` steps and at the last, after the update): Eq. 6's split of the agent's reward
     variance on training tasks, A agent draws × K simulator draws each (`split_draws`,
     `31_rollout.variance_split_rollouts`), averaged."""
-    every, (n_tasks, A, K) = run.split_every, split_draws(run.cfg)
+    every = run.split_every
     if not (every and (step % every == 0 or step == run.cfg.run.steps)):
         return
     from scope_nb.train.rollout import variance_split_rollouts
 
+    n_tasks, A, K = split_draws(run.cfg)
     tasks = run.env.tasks("train")
     pick = np.random.default_rng(_seed(run.cfg.run.seed, step, 40_000)).permutation(len(tasks))[:n_tasks]
     run.user.reseed(_seed(run.cfg.run.seed, step, 40_001))
