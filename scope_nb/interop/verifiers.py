@@ -23,7 +23,7 @@ from ..core.dialogue import ConfigError, Conversation, Request, parse_settings
 from ..envs.base import Env, EnvState, Task
 from ..train.specs import UserSettings, build_user, mode_label
 from ..users.modes import Servers
-from ..users.simulators import run_coro
+from ..users.calls import run_coro
 
 # %% auto #0
 __all__ = ['DONE', 'USER_PROMPT', 'CHAT_WHEELS', 'chat_trace', 'score_chat', 'load_taskset', 'runtime_signals', 'VerifiersEnv',

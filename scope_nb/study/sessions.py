@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio, csv, io, json, os, random, threading
 from .store import P4G_ITEMS, TAU2_ITEMS, StudyConfig, Store
 from ..core.dialogue import ConfigError
-from ..users.simulators import api_failure, retry_delay
+from ..users.calls import api_failure, http_timeouts, limited_client, Limits, redact, reply_cap, retry_delay
+from ..users.calls import within
 
 # %% auto #0
 __all__ = ['SESSION_COLS', 'make_study_env', 'find_task', 'check_tasks', 'panel', 'visible', 'Sessions', 'AgentError',
@@ -133,13 +134,17 @@ class _Incomplete(Exception): "A stream that ended without a finish reason, or a
 async def stream_chat(ep, messages: list[dict], tools, retries: int = 3, timeout: float = 120.0):
     """Yield ('delta', text) events, then ('final', content, tool_calls) for one completion of endpoint `ep`.
 
-    Streams through the OpenAI SDK; failures before the first token are retried with the simulators' policy
-    (`20_simulators.api_failure` / `retry_delay`: Retry-After first, then jittered backoff); a failure after it, or the
-    last retry's, raises `AgentError` (the participant gets a retry button, the turn is never scored as empty)."""
+    Streams through the OpenAI SDK; each attempt, stream included, ends within `timeout` seconds, with no more than
+    `timeout` between non-empty chunks and at most `reply_cap(max_tokens, stream=True)` bytes (`19_calls`). Failures
+    before the first token are retried with the simulators' policy (`19_calls.api_failure` / `retry_delay`:
+    Retry-After first, then jittered backoff); a failure after it, or the last retry's, raises `AgentError` (the
+    participant gets a retry button, the turn is never scored as empty). Errors carry no run of the key."""
     import openai
 
     key = os.environ.get(ep.api_key_env, "") if ep.api_key_env else ""
-    client = openai.AsyncOpenAI(base_url=ep.base_url, api_key=key or "no-key", timeout=timeout, max_retries=0)
+    limits = Limits(timeout, timeout, reply_cap(ep.max_tokens, stream=True))
+    client = openai.AsyncOpenAI(base_url=ep.base_url, api_key=key or "no-key", timeout=http_timeouts(limits),
+                                max_retries=0, http_client=limited_client(ep.base_url))
     kw = dict(model=ep.model, messages=messages, stream=True, temperature=ep.temperature, max_tokens=ep.max_tokens)
     if tools:
         kw["tools"] = tools
@@ -148,7 +153,8 @@ async def stream_chat(ep, messages: list[dict], tools, retries: int = 3, timeout
         for attempt in range(retries + 1):
             content, calls, started, finished = "", {}, False, False
             try:
-                async for chunk in await client.chat.completions.create(**kw):
+                stream = await within(limits, lambda: client.chat.completions.create(**kw))
+                async for chunk in stream:  # read under the same limits (the client's reply hook)
                     delta = chunk.choices[0].delta if chunk.choices else None
                     finished = finished or bool(chunk.choices and chunk.choices[0].finish_reason)
                     if delta is None:
@@ -172,7 +178,7 @@ async def stream_chat(ep, messages: list[dict], tools, retries: int = 3, timeout
             except Exception as e:
                 kind, wait = api_failure(e)
                 if kind is None:
-                    raise AgentError(f"agent endpoint answered {e.status_code}: {str(e)[:200]}") from e
+                    raise AgentError(f"agent endpoint answered {e.status_code}: {redact(str(e), key)[:200]}") from e
                 if started or attempt == retries:
                     raise AgentError(f"agent endpoint failed: {kind}") from e
                 await asyncio.sleep(retry_delay(attempt, wait, rng))

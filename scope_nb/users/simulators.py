@@ -4,58 +4,19 @@
 
 # %% ../../nbs/users/20_simulators.ipynb #ca3f63ff
 from __future__ import annotations
-import asyncio, email.utils, json, os, random, time, zlib
-from concurrent.futures import ThreadPoolExecutor
+import asyncio, json, os, random, time, zlib
 from dataclasses import dataclass, field
 from typing import Any
 import numpy as np
 from ..core.dialogue import parse_tool_calls, Reply, Request, Speaker, ToolCall
+from .calls import api_failure, http_timeouts, limited_client, Limits, redact, reply_cap, retry_delay
+from .calls import run_coro, within
 from .verbalized import parse_vs, vs_draw, vs_instructions, vs_leak, vs_response_format, VSConfig, VSParse
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['run_coro', 'retry_after_seconds', 'api_failure', 'retry_delay', 'ApiConfig', 'request_seed', 'CallResult',
-           'ApiSpeaker', 'episode_rng', 'Verbalized', 'CategoricalSimulator']
-
-# %% ../../nbs/users/20_simulators.ipynb #1137cfa1
-def run_coro(coro):
-    "Run a coroutine to completion from sync code, also when an event loop is already running (notebooks)."
-    try: asyncio.get_running_loop()
-    except RuntimeError: return asyncio.run(coro)
-    with ThreadPoolExecutor(1) as ex: return ex.submit(asyncio.run, coro).result()
-
-def retry_after_seconds(headers) -> float | None:
-    "Seconds to wait from `retry-after-ms` or `Retry-After` (seconds or an HTTP date); None if absent or unreadable."
-    if headers is None: return None
-    ms = headers.get("retry-after-ms")
-    if ms:
-        try: return max(0.0, float(ms) / 1000)
-        except ValueError: pass
-    ra = headers.get("retry-after")
-    if not ra: return None
-    try: return max(0.0, float(ra))
-    except ValueError: pass
-    try:
-        t = email.utils.parsedate_to_datetime(ra)
-        return max(0.0, t.timestamp() - time.time())
-    except (TypeError, ValueError): return None
-
-def api_failure(e: Exception) -> tuple[str | None, float | None]:
-    """The retry policy of every OpenAI-compatible call here (simulators, the study app): what kind of failure `e` is,
-    and how long the server asked us to wait. Kind None: a 4xx other than 429, which retrying will not fix."""
-    import openai
-    if isinstance(e, openai.APITimeoutError): return "timeout", None        # (a subclass of APIConnectionError)
-    if isinstance(e, openai.APIConnectionError): return "connection", None
-    if isinstance(e, openai.RateLimitError): return "429", retry_after_seconds(e.response.headers)
-    if isinstance(e, openai.InternalServerError): return f"{e.status_code}", retry_after_seconds(e.response.headers)
-    if isinstance(e, openai.APIStatusError): return None, None
-    return f"malformed:{type(e).__name__}", None
-
-def retry_delay(attempt: int, wait: float | None, rng, backoff: float = 0.5, max_backoff: float = 8.0,
-                max_retry_after: float = 30.0) -> float:
-    "Seconds before retry `attempt + 1`: the server's Retry-After (capped), else jittered exponential backoff."
-    if wait is not None: return min(wait, max_retry_after)
-    return min(max_backoff, backoff * 2 ** attempt) * (0.5 + rng.random())
+__all__ = ['ApiConfig', 'limits_for', 'request_seed', 'CallResult', 'ApiSpeaker', 'episode_rng', 'Verbalized',
+           'CategoricalSimulator']
 
 # %% ../../nbs/users/20_simulators.ipynb #9b74023d
 @dataclass
@@ -64,7 +25,8 @@ class ApiConfig:
     model: str
     base_url: str | None = None
     api_key_env: str | None = "OPENAI_API_KEY"   # None: no key (local servers)
-    timeout: float = 60.0
+    timeout: float = 60.0  # seconds per attempt, connection to last byte (19_calls)
+    idle_timeout: float | None = None  # seconds between non-empty chunks; None: the same as timeout
     max_retries: int = 4
     backoff: float = 0.5
     max_backoff: float = 8.0
@@ -75,6 +37,12 @@ class ApiConfig:
     send_seed: bool = (
         True  # a per-request `seed` (llama.cpp, vLLM, SGLang, OpenAI accept it); False for endpoints that refuse it
     )
+
+
+def limits_for(cfg: ApiConfig, max_tokens: int | None = None, stream: bool = False) -> Limits:
+    "The limits of one attempt of `cfg` asking for `max_tokens` tokens (default `cfg.max_tokens`)."
+    idle = cfg.timeout if cfg.idle_timeout is None else min(cfg.idle_timeout, cfg.timeout)
+    return Limits(cfg.timeout, idle, reply_cap(max_tokens or cfg.max_tokens, stream))
 
 
 def request_seed(seed: int, key: str, turn: int, salt: int = 0) -> int:
@@ -143,20 +111,24 @@ def _key(self: ApiSpeaker) -> str:
     return key
 
 @patch
-def _redact(self: ApiSpeaker, msg: str) -> str:
-    key = os.environ.get(self.cfg.api_key_env or "", "")
-    for k in [key, key[:12]] if len(key) >= 8 else []:
-        msg = msg.replace(k, "***")
-    return msg[:500]
+def _redact(self: ApiSpeaker, text: str | None, limit: int | None = None) -> str | None:
+    "`text` from the endpoint with any run of six or more characters of the key replaced (`redact`), cut to `limit`."
+    if text is None:
+        return None
+    text = redact(text, os.environ.get(self.cfg.api_key_env or "", ""))
+    return text if limit is None else text[:limit]
 
 @patch
 def _client(self: ApiSpeaker):
-    from openai import AsyncOpenAI, DefaultAsyncHttpxClient
+    "The async client of one batch: no retries of its own, replies read under the limits (`19_calls`)."
+    from openai import AsyncOpenAI
 
-    # plain http (a local server) uses no TLS: skip loading the CA bundle, the bulk of a client's start-up CPU
-    http = DefaultAsyncHttpxClient(verify=False) if self.cfg.base_url.startswith("http://") else None
     return AsyncOpenAI(
-        base_url=self.cfg.base_url, api_key=self._key(), timeout=self.cfg.timeout, max_retries=0, http_client=http
+        base_url=self.cfg.base_url or None,  # None: the provider's default URL
+        api_key=self._key(),
+        timeout=http_timeouts(limits_for(self.cfg)),
+        max_retries=0,
+        http_client=limited_client(self.cfg.base_url),
     )
 
 # %% ../../nbs/users/20_simulators.ipynb #7fdd80a2
@@ -167,18 +139,20 @@ async def _call(
     res, t0 = CallResult(None), time.perf_counter()
     completion = isinstance(messages, str)  # a completion-style prompt (base models without a chat template)
     kw = self._request(messages, temperature, max_tokens, response_format, tools)
+    limits = limits_for(self.cfg, kw["max_tokens"])
+    create = (client.completions if completion else client.chat.completions).create
     for attempt in range(self.cfg.max_retries + 1):
         res.attempts = attempt + 1
         wait, kind = None, None
         if seed is not None:
             kw["seed"] = (seed + attempt) & 0x7FFFFFFF  # a retry after an empty answer samples anew
         try:
-            async with sem:
-                out = await (client.completions if completion else client.chat.completions).create(**kw)
+            async with sem:  # waiting for a slot is not part of the attempt: its deadline starts inside
+                out = await within(limits, lambda: create(**kw))
             msg = out.choices[0].message if out.choices and not completion else None
             text = (out.choices[0].text if out.choices else None) if completion else (msg.content if msg else None)
             calls = [
-                ToolCall(c.id or f"call_{k}", c.function.name, c.function.arguments or "{}")
+                ToolCall(c.id or f"call_{k}", c.function.name, self._redact(c.function.arguments or "{}"))
                 for k, c in enumerate(getattr(msg, "tool_calls", None) or [])
                 if getattr(c, "function", None)
             ]
@@ -188,12 +162,12 @@ async def _call(
             if (text is None or not text.strip()) and not calls:
                 kind = "empty"
             else:
-                res.text, res.tool_calls = text, calls
+                res.text, res.tool_calls = self._redact(text), calls
                 break
         except Exception as e:
             kind, wait = api_failure(e)
             if kind is None:  # other 4xx: retrying will not help
-                res.failed, res.error = True, self._redact(f"HTTP {e.status_code}: {e.message}")
+                res.failed, res.error = True, self._redact(f"HTTP {e.status_code}: {e.message}", 500)
                 res.errors.append(f"{e.status_code}")
                 break
         res.errors.append(kind)
