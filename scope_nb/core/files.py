@@ -4,14 +4,14 @@
 
 # %% ../../nbs/core/06_files.ipynb #41219077
 from __future__ import annotations
-import json, os, tempfile
+import json, os, re, tempfile
 from pathlib import Path
 from typing import Iterable
 from .dialogue import ValidationError
 from .episodes import Episode
 
 # %% auto #0
-__all__ = ['atomic_write_text', 'write_jsonl', 'read_jsonl', 'save_figure']
+__all__ = ['atomic_write_text', 'write_jsonl', 'read_jsonl', 'save_figure', 'step_of']
 
 # %% ../../nbs/core/06_files.ipynb #13bd9540
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
@@ -82,3 +82,13 @@ def save_figure(fig, out: str | os.PathLike, name: str, note: str = "") -> list[
         os.replace(tmp, p)
     plt.close(fig)
     return paths
+
+# %% ../../nbs/core/06_files.ipynb #f06104
+def step_of(name: str, suffix: str = "") -> int | None:
+    """The step that a run's folder or file name stands for: `step_000012` is 12 (with `suffix` after it, e.g.
+    `.jsonl` for trajectories); any other name (`step_000012.bak`, `step_12`) is None: not the run's."""
+    stem = name.removesuffix(suffix) if suffix else name
+    if suffix and stem == name:
+        return None
+    m = re.fullmatch(r"step_([0-9]+)", stem)
+    return int(m[1]) if m and stem == f"step_{int(m[1]):06d}" else None

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from ..core.dialogue import Conversation, Speaker
+from ..core.files import step_of
 from .base import Env, EnvState, Task
 from ..users.simulators import CategoricalSimulator
 from ..diagnostics.theory import sharpen
@@ -374,6 +375,8 @@ def _strategy_stats(run_dir: str, stamp: float) -> tuple:
 
     steps, shares, payoffs = [], {k: [] for k in STRATEGIES}, {k: [] for k in STRATEGIES}
     for f in sorted((Path(run_dir) / "trajectories").glob("step_*.jsonl")):
+        if step_of(f.name, ".jsonl") is None:
+            continue  # not one of the run's files (a user's copy)
         try:
             eps = [json.loads(l) for l in f.read_text().splitlines() if l.strip()]
         except Exception:
@@ -382,7 +385,7 @@ def _strategy_stats(run_dir: str, stamp: float) -> tuple:
             continue
         out = [_outcome_of_turns(e["conversation"]["turns"]) for e in eps]
         r = np.array([(e.get("rewards") or {}).get("agent") for e in eps], float)
-        steps.append(int(f.stem.split("_")[1]))
+        steps.append(step_of(f.name, ".jsonl"))
         for k, names in STRATEGIES.items():
             m = np.array([o in names for o in out])
             shares[k].append(float(m.mean()))

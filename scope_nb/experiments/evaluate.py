@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 from ..core.files import atomic_write_text, read_jsonl
 from ..train.config import Config, ConfigError, from_dict, load_config, to_dict, to_toml
-from ..train.crash_safety import append_metrics, latest_checkpoint, load_weights, read_metrics, run_lock
+from ..train.crash_safety import append_metrics, checkpoint_folders, latest_checkpoint, load_weights
+from ..train.crash_safety import read_metrics, run_lock
 from ..train.run import build_panel, build_run_speakers, default_panel, evaluate
 from ..users.modes import Servers
 from .registry import get_experiment
@@ -78,7 +79,7 @@ def _checkpoint(folder: Path, which: str) -> Path:
             raise ConfigError(f"{folder}: no checkpoints/best.json (checkpoint.best was off); use --checkpoint latest")
         return ck / json.loads((ck / "best.json").read_text())["path"]
     if not which.isdigit() or not (ck / f"step_{int(which):06d}").is_dir():
-        have = sorted(p.name for p in ck.glob("step_*"))
+        have = [p.name for _, p in checkpoint_folders(folder)]
         raise ConfigError(f"--checkpoint {which}: use latest, best or a saved step ({', '.join(have) or 'none saved'})")
     return ck / f"step_{int(which):06d}"
 

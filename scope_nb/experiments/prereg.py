@@ -8,6 +8,7 @@ import itertools, re
 from dataclasses import dataclass
 from pathlib import Path
 import numpy as np
+from ..core.files import step_of
 from .report import diff_ci
 
 # %% auto #0
@@ -114,7 +115,7 @@ def learning_signal(run_dir) -> dict[int, float]:
 
 def eval_step_list(run_dir) -> list[int]:
     "The steps at which a run evaluated."
-    return sorted(int(s.name.split("_")[1]) for s in Path(run_dir, "eval").glob("step_*"))
+    return sorted(n for n in (step_of(s.name) for s in Path(run_dir, "eval").glob("step_*")) if n is not None)
 
 
 def matched_step(run_dir, signal: float) -> int:

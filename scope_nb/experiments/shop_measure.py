@@ -357,9 +357,11 @@ def eval_dir(run_dir, step: int | None = None):
     "The folder of a run's last evaluation (or of `step`); a clear error when there is none."
     from pathlib import Path
 
-    steps = sorted(Path(run_dir, "eval").glob("step_*"))
+    from scope_nb.core.files import step_of
+
+    steps = sorted(s for s in Path(run_dir, "eval").glob("step_*") if step_of(s.name) is not None)
     if step is not None:
-        steps = [s for s in steps if int(s.name.split("_")[1]) == step]
+        steps = [s for s in steps if step_of(s.name) == step]
     if not steps:
         raise FileNotFoundError(f"{run_dir}: no evaluation{'' if step is None else f' at step {step}'} (eval/step_*/)")
     return steps[-1]

@@ -4,17 +4,18 @@
 
 # %% ../../nbs/train/29_crash_safety.ipynb #cs000004
 from __future__ import annotations
-import hashlib, json, math, os, shutil, socket
+import errno, hashlib, json, math, os, re, shutil, socket, sys
 from contextlib import contextmanager
 from pathlib import Path
 import numpy as np
 import torch
 from ..core.dialogue import ConfigError
-from ..core.files import atomic_write_text
+from ..core.files import atomic_write_text, step_of
 
 # %% auto #0
-__all__ = ['append_metrics', 'MetricsError', 'read_metrics', 'summarize', 'save_checkpoint', 'checkpoint_problem',
-           'latest_checkpoint', 'load_weights', 'load_checkpoint', 'run_lock']
+__all__ = ['append_metrics', 'MetricsError', 'read_metrics', 'summarize', 'checkpoint_folders', 'save_checkpoint',
+           'checkpoint_problem', 'latest_checkpoint', 'load_weights', 'load_checkpoint', 'resume_checkpoint',
+           'disk_full', 'run_lock']
 
 # %% ../../nbs/train/29_crash_safety.ipynb #6e08b112
 def _clean(v):
@@ -34,9 +35,10 @@ class MetricsError(ValueError):
     "`metrics.jsonl` holds something the run did not write; the message names the file, the line and what is wrong."
 
 
-def read_metrics(path: Path) -> list[dict]:
-    """Rows of `metrics.jsonl`, each a JSON object with an integer `step`, steps increasing; a torn last line (a crash
-    mid-write) is ignored, anything else that is not the run's own row raises `MetricsError` naming file and line."""
+def read_metrics(path: Path, torn: list | None = None) -> list[dict]:
+    """Rows of `metrics.jsonl`, each a JSON object with an integer `step`, steps increasing. A last line without its
+    newline (a crash mid-write) is left out and, when `torn` is a list, appended to it as (file:line, text); anything
+    else that is not the run's own row, a complete last line included, raises `MetricsError` naming file and line."""
     if not Path(path).exists():
         return []
     lines = Path(path).read_text(encoding="utf-8", errors="replace").split("\n")
@@ -48,9 +50,12 @@ def read_metrics(path: Path) -> list[dict]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
-            if i >= len(lines) - 2:
-                break  # torn final line
-            why = f"{where}: not a JSON line ({e.msg}); remove it, or restore the run's metrics.jsonl"
+            if i == len(lines) - 1:  # no newline after it: cut short by a crash mid-write
+                if torn is not None:
+                    torn.append((where, line))
+                break
+            why = (f"{where}: not a JSON line ({e.msg}); repair or delete it (a step after the last checkpoint is "
+                   "replayed by --resume, one at or before it is lost), or restore the run's metrics.jsonl")
             raise MetricsError(why) from None
         step = row.get("step") if isinstance(row, dict) else None
         if not isinstance(step, int) or isinstance(step, bool):
@@ -81,6 +86,13 @@ def summarize(rows: list[dict], keys=("eval/mean", "eval/seen", "eval/unseen")) 
         }
     return out
 
+# %% ../../nbs/train/29_crash_safety.ipynb #cs000106
+def checkpoint_folders(run_dir: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of each checkpoint of a run, oldest first: the folders under `run_dir/checkpoints` whose name
+    `step_of` reads, whatever else lies there. Every listing of checkpoints goes through it."""
+    found = [(step_of(p.name), p) for p in (Path(run_dir) / "checkpoints").glob("step_*") if p.is_dir()]
+    return sorted((s, p) for s, p in found if s is not None)
+
 # %% ../../nbs/train/29_crash_safety.ipynb #acbddf8e
 def _digest(path: Path) -> str:
     with open(path, "rb") as f: return hashlib.file_digest(f, "sha256").hexdigest()
@@ -92,27 +104,32 @@ def save_checkpoint(
     """Write weights + optimizer of each trainer to checkpoints/step_N atomically, with the SHA-256 of every file in
     its state.json (what `latest_checkpoint` verifies), then point latest.json at it and drop all but the newest
     `keep` (and the steps in `protect`: the best one). `extra` maps file names to text saved alongside (the user
-    modes' state, `modes.json`), hashed like the rest."""
+    modes' state, `modes.json`), hashed like the rest. A half-written folder (a full disk, an interrupt) is removed
+    before the error goes on, so the space it took is free again."""
     ck = Path(run_dir) / "checkpoints"
     final, tmp = ck / f"step_{step:06d}", ck / f".tmp_step_{step:06d}"
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
-    for name, tr in trainers.items():
-        tr.policy.model.save_pretrained(tmp / name)
-        tr.policy.tok.save_pretrained(tmp / name)
-        torch.save(tr.opt.state_dict(), tmp / name / "optimizer.pt")
-    for rel, text in (extra or {}).items():
-        atomic_write_text(tmp / rel, text)
-    files = {str(p.relative_to(tmp)): _digest(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
-    atomic_write_text(tmp / "state.json", json.dumps({"step": step, "policies": sorted(trainers), "files": files}))
+    try:
+        for name, tr in trainers.items():
+            tr.policy.model.save_pretrained(tmp / name)
+            tr.policy.tok.save_pretrained(tmp / name)
+            with open(tmp / name / "optimizer.pt", "wb") as f:  # through a Python file: a full disk shows as OSError
+                torch.save(tr.opt.state_dict(), f)
+        for rel, text in (extra or {}).items():
+            atomic_write_text(tmp / rel, text)
+        files = {str(p.relative_to(tmp)): _digest(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+        atomic_write_text(tmp / "state.json", json.dumps({"step": step, "policies": sorted(trainers), "files": files}))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
     atomic_write_text(ck / "latest.json", json.dumps({"step": step, "path": final.name}))
-    done = sorted(p for p in ck.glob("step_*") if p.is_dir())
-    for old in done[:-keep] if keep > 0 else []:
-        if int(old.name.split("_")[1]) not in protect:
+    for s, old in checkpoint_folders(run_dir)[:-keep] if keep > 0 else []:
+        if s not in protect:
             shutil.rmtree(old, ignore_errors=True)
     return final
 
@@ -136,11 +153,10 @@ def checkpoint_problem(folder: Path) -> str | None:
 def latest_checkpoint(run_dir: Path, skipped: list | None = None) -> tuple[int, Path] | None:
     """(step, folder) of the newest checkpoint whose files all verify, or None; the ones passed over (torn or changed
     files) are appended to `skipped` as (folder, why). `latest.json` is only a pointer: the folders decide."""
-    ck = Path(run_dir) / "checkpoints"
-    for folder in sorted((p for p in ck.glob("step_*") if p.is_dir()), reverse=True):
+    for step, folder in reversed(checkpoint_folders(run_dir)):
         why = checkpoint_problem(folder)
         if why is None:
-            return int(folder.name.split("_")[1]), folder
+            return step, folder
         if skipped is not None:
             skipped.append((folder, why))
     return None
@@ -166,6 +182,65 @@ def load_checkpoint(folder: Path, trainers: dict):
     for name, tr in trainers.items():
         load_weights(tr.policy.model, folder / name)
         tr.opt.load_state_dict(torch.load(folder / name / "optimizer.pt", weights_only=True))
+
+# %% ../../nbs/train/29_crash_safety.ipynb #cs000109
+def _load_error(e: Exception) -> str:
+    """One line on why a checkpoint did not load: the exception's type and its telling line (torch's weights_only
+    refusal puts its cause under a paragraph of advice, a state_dict error on the line after its header)."""
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in str(e).splitlines()]
+    lines = [line for line in lines if line]
+    told = next((line for line in lines if line.startswith("WeightsUnpickler error:")), None)
+    if told is None:
+        told = " ".join(lines[:2]) if lines and lines[0].endswith(":") else (lines[0] if lines else "")
+    return f"{type(e).__name__}: {told[:300]}"
+
+# %% ../../nbs/train/29_crash_safety.ipynb #cs000111
+def resume_checkpoint(run_dir: Path, trainers: dict) -> tuple[int, Path] | None:
+    """Load into `trainers` the newest checkpoint that verifies and loads: its (step, folder), or None when none
+    verifies (the run starts over). Each one passed over gets one line on stderr naming it and why. When checkpoints
+    verify but none loads, raises `ConfigError` with their reasons: starting over would drop the run's metrics."""
+    passed, unloadable = [], False
+    for step, folder in reversed(checkpoint_folders(run_dir)):
+        why = checkpoint_problem(folder)
+        if why is None:
+            try:
+                load_checkpoint(folder, trainers)
+                return step, folder
+            except (MemoryError, torch.OutOfMemoryError):
+                raise  # this machine's shortage, not the checkpoint's
+            except Exception as e:
+                why, unloadable = f"its files verify but it does not load ({_load_error(e)})", True
+        print(f"resume: skipping checkpoint {folder.name}: {why}", file=sys.stderr)
+        passed.append(f"{folder.name}: {why}")
+    if unloadable:
+        raise ConfigError(f"--resume: no checkpoint in {Path(run_dir) / 'checkpoints'} loads: {'; '.join(passed)}; "
+                          "resume with the settings the run was trained with (its config.toml), or start a new run "
+                          "under another run.name")
+    return None
+
+# %% ../../nbs/train/29_crash_safety.ipynb #cs000115
+_FULL_TEXT = {"No space left on device": errno.ENOSPC, "(os error 28)": errno.ENOSPC,
+              "Disk quota exceeded": errno.EDQUOT, "(os error 122)": errno.EDQUOT}
+
+
+def disk_full(e: BaseException) -> OSError | None:
+    """The full disk (or quota) behind `e` as an `OSError`, or None. Python's writes raise it; `torch.save` through a
+    Python file raises a RuntimeError whose context is it; safetensors' `SafetensorError` (like an error passed on
+    from another process) carries it only in its text, `... No space left on device (os error 28)`."""
+    chain, todo = [], [e]
+    while todo:
+        x = todo.pop()
+        if x is not None and all(x is not y for y in chain):
+            chain.append(x)
+            todo += [x.__cause__, x.__context__]
+    for x in chain:
+        if isinstance(x, OSError) and x.errno in (errno.ENOSPC, errno.EDQUOT):
+            return x
+    for x in chain:
+        for text, code in _FULL_TEXT.items():
+            if text in str(x):
+                return OSError(code, os.strerror(code))
+    return None
 
 # %% ../../nbs/train/29_crash_safety.ipynb #cs000009
 @contextmanager

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from .config import Config, ConfigError, PanelEntry, to_dict, to_toml
-from .crash_safety import append_metrics, latest_checkpoint, load_checkpoint, read_metrics, run_lock
-from .crash_safety import save_checkpoint, summarize
+from .crash_safety import append_metrics, checkpoint_folders, latest_checkpoint, read_metrics
+from .crash_safety import resume_checkpoint, run_lock, save_checkpoint, step_of, summarize
 from ..core.dialogue import Speaker
 from ..core.files import atomic_write_text, read_jsonl, write_jsonl
 from ..core.loggers import check_loggers, open_loggers
@@ -256,24 +256,23 @@ def _loop(run: Run, bar, backend):
 
 # %% ../../nbs/train/37_run.ipynb #rl000004c
 def _first_step(run: Run, resume: bool) -> int:
-    """Stage 2: a fresh run writes its resolved config; a resumed one reloads its latest checkpoint and drops later
-    metrics."""
+    """Stage 2: a fresh run writes its resolved config; a resumed one reloads its latest checkpoint that loads and drops
+    later metrics, trajectories and evaluations, once both the checkpoint and the metrics file are known good."""
     if not resume:
         run.run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(run.run_dir / "config.toml", to_toml(to_dict(run.cfg)))
         return 0
-    skipped = []
-    ck = latest_checkpoint(run.run_dir, skipped)
-    for folder, why in skipped:
-        print(f"resume: skipping checkpoint {folder.name}: {why}", file=sys.stderr)
+    ck = resume_checkpoint(run.run_dir, run.trainers)
+    torn = []
+    rows = read_metrics(run.mpath, torn)
+    for where, text in torn:
+        print(f"resume: {where}: dropped a line cut short by a crash mid-write ({text[:40]!r})", file=sys.stderr)
     _drop_after(run.run_dir, ck[0] if ck else 0)
-    if ck:
-        load_checkpoint(ck[1], run.trainers)
     states = json.loads((ck[1] / "modes.json").read_text()) if ck and (ck[1] / "modes.json").exists() else {}
     for mode, sp in mode_layers(run.user):  # e.g. the pool drops entries added after the checkpoint
         if mode.on_resume is not None:
             mode.on_resume(sp, ck[0] if ck else 0, states.get(mode.name))
-    kept = [r for r in read_metrics(run.mpath) if ck and r["step"] <= ck[0]]
+    kept = [r for r in rows if ck and r["step"] <= ck[0]]
     atomic_write_text(run.mpath, "".join(json.dumps(r, allow_nan=False) + "\n" for r in kept))
     start = ck[0] + 1 if ck else 0
     _record_resume(run, start)
@@ -281,11 +280,16 @@ def _first_step(run: Run, resume: bool) -> int:
 
 
 def _drop_after(run_dir: Path, step: int):
-    "On resume: trajectories and evaluations of steps after the checkpoint are replayed, so the old ones go."
+    """On resume: trajectories and evaluations of steps after the checkpoint are replayed, so the old ones go (only
+    the run's own names, `step_of`)."""
     for f in (run_dir / "trajectories").glob("step_*.jsonl"):
-        if int(f.stem.split("_")[1]) > step: f.unlink()
+        s = step_of(f.name, ".jsonl")
+        if s is not None and s > step:
+            f.unlink()
     for d in (run_dir / "eval").glob("step_*"):
-        if d.is_dir() and int(d.name.split("_")[1]) > step: shutil.rmtree(d)
+        s = step_of(d.name)
+        if s is not None and s > step and d.is_dir():
+            shutil.rmtree(d)
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
@@ -463,7 +467,7 @@ def _best_step(run: Run, step: int) -> int | None:
     key = run.cfg.checkpoint.best
     if not key: return None
     ck = run.run_dir / "checkpoints"
-    saved = {int(p.name.split("_")[1]) for p in ck.glob("step_*") if p.is_dir()} | {step}
+    saved = {s for s, _ in checkpoint_folders(run.run_dir)} | {step}
     scored = [(r[key], r["step"]) for r in read_metrics(run.mpath) if r["step"] in saved and r.get(key) is not None]
     if not scored: return None
     value, best = max(scored, key=lambda x: (x[0], -x[1]))   # ties: the earlier step
