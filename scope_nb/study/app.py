@@ -4,7 +4,7 @@
 
 # %% ../../nbs/study/52_study_app.ipynb #7414c922
 from __future__ import annotations
-import asyncio, base64, collections, hashlib, hmac, json, os, re, secrets, time
+import asyncio, base64, collections, hashlib, hmac, json, math, os, re, secrets, time
 from fastapi import Request   # at module level: FastAPI resolves the handlers' (string) annotations here
 from .store import ARMS, P4G_ITEMS, REVERSED, TAU2_ITEMS, StudyConfig, Store, check_id, check_survey
 from .store import completion_code
@@ -13,7 +13,8 @@ from .sessions import _is_unicode
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['PAGE_HTML', 'PAGE_JS', 'COOKIE', 'EXAMPLE_CONFIG', 'Refused', 'StudyServer', 'create_app', 'serve']
+__all__ = ['PAGE_HTML', 'PAGE_JS', 'COOKIE', 'MAX_DEPTH', 'EXAMPLE_CONFIG', 'Refused', 'StudyServer', 'json_nesting', 'json_body',
+           'create_app', 'serve']
 
 # %% ../../nbs/study/52_study_app.ipynb #530d7fa8
 def _asset(name: str) -> str:
@@ -82,24 +83,72 @@ class StudyServer:
 
     def secret(self) -> str: return os.environ.get(self.cfg.secret_env, "")
 
+# %% ../../nbs/study/52_study_app.ipynb #b92b0642
+MAX_DEPTH = 20  # levels of [ and { a request body may nest; the API's bodies use two ({"answers": {...}})
+_JSON_TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"?|[\[\]{}]', re.S)  # a string (to its end, closed or not) or a bracket
+
+def json_nesting(text: str) -> int:
+    """How deep `[` and `{` nest outside strings in `text` (JSON or not), in one linear pass: measured before parsing,
+    since `json.loads` recurses once per level and a deep body would exhaust Python's stack."""
+    depth = deepest = 0
+    for m in _JSON_TOKENS.finditer(text):
+        t = m.group()
+        if t in ("[", "{"):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif t in ("]", "}"):
+            depth -= 1
+    return deepest
+
+# %% ../../nbs/study/52_study_app.ipynb #b27ab03c
+_NOT_JSON = "request body is not JSON (UTF-8 text; numbers finite, integers of at most 4300 digits)"
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+def _finite(text: str) -> float:
+    x = float(text)
+    if not math.isfinite(x): raise ValueError(f"{text} overflows a float")
+    return x
+
+def json_body(raw: bytes) -> dict:
+    """The JSON object of a request body (an empty body: `{}`), or `Refused(400)` naming what is wrong. Nesting past
+    `MAX_DEPTH` is refused before parsing; then whatever `json.loads` raises (invalid UTF-8 or JSON, an integer past
+    Python's 4,300-digit limit, NaN, an infinite number; `RecursionError` too, unreachable under the bound) is a 400."""
+    try:
+        text = raw.decode("utf-8") if raw else "{}"
+    except UnicodeDecodeError:
+        raise Refused(400, _NOT_JSON) from None
+    if json_nesting(text) > MAX_DEPTH:
+        raise Refused(400, f"request body is nested too deeply (at most {MAX_DEPTH} levels of [ and {{)")
+    try:
+        b = json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+    except (ValueError, RecursionError):  # JSONDecodeError is a ValueError, and so is the integer-digits limit
+        raise Refused(400, _NOT_JSON) from None
+    if not isinstance(b, dict): raise Refused(400, "request body must be a JSON object, e.g. {\"session_id\": ...}")
+    return b
+
 # %% ../../nbs/study/52_study_app.ipynb #b905dc7a
 @patch
 async def body_of(self: StudyServer, request: Request, limit: int = 16_000) -> dict:
     """The JSON object a request carries, or a 400 naming what is wrong. The size limit holds while reading: a
-    declared `Content-Length` over it is refused unread, a chunked body is refused at the first chunk past it."""
+    declared `Content-Length` over it is refused unread, a chunked body is refused at the first chunk past it; the
+    bytes are parsed by `json_body`, the only JSON parser of request bodies."""
+    from starlette.requests import ClientDisconnect
+
     too_large = f"request too large (at most {limit} bytes)"
     if request.headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
         raise Refused(415, "send the request body as JSON (Content-Type: application/json)")
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit: raise Refused(413, too_large)
     raw = bytearray()
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > limit: raise Refused(413, too_large)
-    try: b = json.loads(bytes(raw).decode("utf-8") if raw else "{}")
-    except (UnicodeDecodeError, json.JSONDecodeError): raise Refused(400, "request body is not JSON (UTF-8)")
-    if not isinstance(b, dict): raise Refused(400, "request body must be a JSON object, e.g. {\"session_id\": ...}")
-    return b
+    try:
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > limit: raise Refused(413, too_large)
+    except ClientDisconnect:
+        raise Refused(400, "the request body was cut off before its end") from None
+    return json_body(bytes(raw))
 
 @patch
 def client_of(self: StudyServer, request: Request) -> str | None:

@@ -4,7 +4,7 @@
 
 # %% ../../nbs/train/36_config.ipynb #bc8ab0d5
 from __future__ import annotations
-import json, os, re, sys, tomllib, typing
+import json, os, re, sys, tomllib, typing, unicodedata
 from pathlib import Path
 from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
@@ -12,13 +12,14 @@ from pydantic import Field, field_validator, model_validator
 from ..core.dialogue import ConfigError, Settings, parse_settings, settings_model
 from ..envs.base import ENVS, env_class, env_names, load_prompts, make_env
 from .grpo import GRPOConfig
+from .config_files import check_tree, read_config_file
 from .specs import AgentSettings, UserSettings, check_spec, kind_of, mode_chain
 
 # %% auto #0
 __all__ = ['RENAMED', 'WandbSection', 'RunSection', 'EnvSection', 'GrpoSection', 'PanelEntry', 'CollapseSection',
            'VarianceSplitSection', 'EvalSection', 'CheckpointSection', 'BackendSection', 'check_across_tables',
-           'Config', 'upgrade_keys', 'from_dict', 'to_dict', 'validate', 'read_config_file', 'apply_overrides',
-           'to_toml', 'load_config', 'config_docs']
+           'Config', 'upgrade_keys', 'from_dict', 'to_dict', 'validate', 'apply_overrides', 'to_toml', 'load_config',
+           'config_docs']
 
 # %% ../../nbs/train/36_config.ipynb #500a4847
 class WandbSection(Settings):
@@ -36,9 +37,10 @@ class WandbSection(Settings):
 class RunSection(Settings):
     "The `[run]` table: the run's name and folder, its seed and length, where its metrics go."
     name: str = Field(
-        "run", min_length=1, max_length=120, description="the run's folder under out_dir (no '/', not '.' or '..')"
+        "run", min_length=1, max_length=120, description="the run's folder under out_dir: printable characters and "
+        "spaces (no control, invisible or bidi characters), no '/' or '\\', not '.' or '..'"
     )
-    out_dir: str = Field("runs", min_length=1, description="the folder that holds run folders")
+    out_dir: str = Field("runs", min_length=1, description="the folder that holds run folders (printable characters)")
     seed: int = Field(
         0, ge=0, lt=2**32, description="seeds sampling, initial weights and the simulators' server-side seeds"
     )
@@ -69,11 +71,25 @@ class RunSection(Settings):
             raise ValueError("each logger once")
         return v
 
+    @field_validator("name", "out_dir")
+    @classmethod
+    def _printable(cls, v):
+        bad = [c for c in v if unicodedata.category(c)[0] in "CZ" and c != " "]
+        if bad:
+            name = unicodedata.name(bad[0], "")
+            what = f"U+{ord(bad[0]):04X}" + (f" ({name})" if name else "")
+            fixed = "".join(c for c in v if c not in bad).strip() or "run"
+            raise ValueError(f"character {what} at position {v.index(bad[0])} is not allowed (a control, invisible or "
+                             f"bidi character hides what the folder is called); use e.g. {fixed!r}")
+        return v
+
     @field_validator("name")
     @classmethod
     def _folder_name(cls, v):
-        if v in (".", "..") or any(c in v for c in "/\\\0"):
-            raise ValueError("a run name is one folder name: no '/', '\\', NUL, '.' or '..'")
+        if v in (".", "..") or any(c in v for c in "/\\") or v != v.strip():
+            raise ValueError("a run name is one folder name: no '/', '\\', '.' or '..', no space at either end")
+        if len(v.encode("utf-8", "surrogatepass")) > 240:
+            raise ValueError("at most 240 bytes in UTF-8 (a folder name's limit is 255); shorten it")
         return v
 
 # %% ../../nbs/train/36_config.ipynb #a1008c3f
@@ -133,9 +149,9 @@ class PanelEntry(Settings):
 class CollapseSection(Settings):
     "The `[eval.collapse]` table: the direct collapse meter of `24_collapse` during training."
 
-    every: int = Field(0, ge=0, description="measure sim/collapse_eps every N training steps (0: off)")
-    histories: int = Field(8, ge=1, description="visited user histories per measurement")
-    draws: int = Field(16, ge=2, description="simulator replies drawn per history (M)")
+    every: int = Field(0, ge=0, le=10**7, description="measure sim/collapse_eps every N training steps (0: off)")
+    histories: int = Field(8, ge=1, le=10_000, description="visited user histories per measurement")
+    draws: int = Field(16, ge=2, le=1000, description="simulator replies drawn per history (M)")
     labeler: Literal["exact", "yes_no", "embedding"] = Field(
         "exact", description="how replies are grouped into outcomes (24_collapse)"
     )
@@ -146,31 +162,33 @@ class VarianceSplitSection(Settings):
 
     every: int | str = Field(
         "auto",
-        description="log train/var_sim, train/var_agent and their shares every N steps and at the last (0: off; "
-        "'auto': at eval.every's steps, each measurement cut to one training batch of episodes, and off with a note "
+        description="log train/var_sim, train/var_agent and their shares every N steps (<= 10^7) and at the last "
+        "(0: off; 'auto': at eval.every's steps, each measurement cut to one training batch of episodes, and off with "
+        "a note "
         "where it cannot be measured: --backend ray, self-play, an agent that is not a local policy)",
     )
-    tasks: int = Field(4, ge=1, description="training tasks per measurement")
-    agent_draws: int = Field(4, ge=2, description="agent randomness draws ξπ per task (A of Eq. 6's table)")
-    sim_draws: int = Field(4, ge=2, description="simulator draws ξU per agent draw (K)")
+    tasks: int = Field(4, ge=1, le=10_000, description="training tasks per measurement")
+    agent_draws: int = Field(4, ge=2, le=1000, description="agent randomness draws ξπ per task (A of Eq. 6's table)")
+    sim_draws: int = Field(4, ge=2, le=1000, description="simulator draws ξU per agent draw (K)")
 
     @field_validator("every", mode="before")
     @classmethod
     def _every(cls, v):
-        if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v >= 0):
+        if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 10**7):
             return v
-        raise ValueError(f"got {v!r}: a whole number of steps >= 0 (0: off) or 'auto' (at the evaluation steps)")
+        raise ValueError(f"got {v!r}: a whole number of steps from 0 (off) to 10^7, or 'auto' (at the evaluation "
+                         "steps)")
 
 
 class EvalSection(Settings):
     "The `[eval]` table: when and against whom the agent is evaluated."
 
-    every: int = Field(16, ge=1, description="evaluate every N steps (and at the first and last step)")
-    tasks: int = Field(8, ge=1, description="test tasks per simulator")
-    samples: int = Field(1, ge=1, description="episodes per test task and simulator")
+    every: int = Field(16, ge=1, le=10**7, description="evaluate every N steps (and at the first and last step)")
+    tasks: int = Field(8, ge=1, le=100_000, description="test tasks per simulator")
+    samples: int = Field(1, ge=1, le=1000, description="episodes per test task and simulator")
     agent_temperature: float = Field(0.7, ge=0, le=5, description="the agent's temperature during evaluation")
     panel: list[PanelEntry] = Field(
-        default_factory=list, description="the simulators; empty: the training user, tagged seen"
+        default_factory=list, max_length=256, description="the simulators; empty: the training user, tagged seen"
     )
     collapse: CollapseSection = Field(default_factory=CollapseSection, description="the direct collapse meter")
     variance_split: VarianceSplitSection = Field(
@@ -182,9 +200,9 @@ class CheckpointSection(Settings):
     "The `[checkpoint]` table."
 
     every: int = Field(
-        16, ge=1, description="save trained weights and optimizer state every N steps (resume starts there)"
+        16, ge=1, le=10**7, description="save trained weights and optimizer state every N steps (resume starts there)"
     )
-    keep: int = Field(2, ge=1, description="newest checkpoints kept on disk (besides the best one)")
+    keep: int = Field(2, ge=1, le=1000, description="newest checkpoints kept on disk (besides the best one)")
     best: str = Field("eval/mean", pattern=r"^(eval/[A-Za-z0-9_.@=+/-]+)?$",
                       description="also keep the checkpoint whose step scored highest on this eval metric (its step "
                                   "in checkpoints/best.json), for serving or evaluating the best policy; '' = off")
@@ -425,29 +443,11 @@ def validate(cfg: Config) -> Config:
     return from_dict(Config, to_dict(cfg))
 
 # %% ../../nbs/train/36_config.ipynb #636893d9
-def read_config_file(path) -> dict:
-    "A config file as a nested dict (TOML, or YAML when PyYAML is installed)."
-    p = Path(path)
-    if not p.exists(): raise ConfigError(f"config file {p} does not exist")
-    text = p.read_text()
-    if p.suffix in (".yaml", ".yml"):
-        try:
-            import yaml
-        except ImportError:
-            raise ConfigError(
-                f"{p}: reading YAML needs PyYAML (pip install pyyaml), or write the config as TOML"
-            ) from None
-        return yaml.safe_load(text) or {}
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{p}: not valid TOML ({e})") from None
-
-
 def _parse_value(text: str):
+    "A `--set` value read as a TOML literal, else the text itself (a date, a 5,000-digit number: text too)."
     try:
-        return tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
+        return check_tree(tomllib.loads(f"v = {text}"), "--set")["v"]
+    except (ValueError, RecursionError):  # invalid TOML, Python's integer-digit limit, a date (ConfigError)
         return text
 
 
@@ -534,21 +534,25 @@ def _default_text(info) -> str:
         return "{" + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + "}"
     return _toml_value(list(v) if isinstance(v, tuple) else v)
 
-def config_docs(model: type = None, path: str = "") -> str:
-    "The reference of every config key as commented TOML: default, type, range and meaning (`scope config docs`)."
+def config_docs(model: type = None, path: str = "", bound: str = "") -> str:
+    """The reference of every config key as commented TOML: default, type, range and meaning (`scope config docs`).
+    An array of tables shows its bound (`length <= N`) beside its description."""
     model = model or Config
     lines, nested = [], []
     if path: lines.append(f"[{path}]" if not path.endswith("[]") else f"[[{path[:-2]}]]")
-    if model.__doc__ and path: lines.append(f"# {model.__doc__.strip().splitlines()[0]}")
+    if model.__doc__ and path:
+        first = model.__doc__.strip().splitlines()[0]
+        lines.append(f"# {first.rstrip('.')} ({bound})." if bound else f"# {first}")
     for name, info in model.model_fields.items():
         sub = settings_model(info.annotation)
         if sub is not None:
             is_list = typing.get_origin(info.annotation) is list
-            nested.append((sub, (f"{path}.{name}" if path else name) + ("[]" if is_list else "")))
+            key = (f"{path}.{name}" if path else name) + ("[]" if is_list else "")
+            nested.append((sub, key, _constraint_text(info)))
             continue
         rng = _constraint_text(info)
         meta = "; ".join(x for x in (_type_text(info.annotation), rng) if x)
         lines.append(f"{name} = {_default_text(info)}    # {meta}. {info.description or ''}".rstrip())
     out = "\n".join(lines)
-    for sub, p in nested: out += ("\n\n" if out else "") + config_docs(sub, p)
+    for sub, p, b in nested: out += ("\n\n" if out else "") + config_docs(sub, p, b)
     return out

@@ -36,7 +36,13 @@ class ApiSettings(Settings):
         pattern=r"^([A-Za-z_][A-Za-z0-9_]*)?$",
         description="the NAME of the environment variable holding the key ('' = no key); the key is never written",
     )
-    timeout: float = Field(60.0, gt=0, le=3600, description="seconds per call before it counts as failed")
+    timeout: float = Field(
+        60.0, gt=0, le=3600, description="seconds per attempt, connection to last byte, before it counts as failed"
+    )
+    idle_timeout: float = Field(
+        0.0, ge=0, le=3600, description="seconds between non-empty chunks of a reply before the attempt fails "
+        "(0 = timeout)",
+    )
     max_retries: int = Field(
         4,
         ge=0,
@@ -51,7 +57,7 @@ class PoolSettings(Settings):
     "Population Co-Training (`user.mode = 'pool'`, paper §4): the simulator plays as one of its own checkpoints."
 
     size: int = Field(5, ge=1, le=100, description="checkpoints kept (the paper's K = 5)")
-    every: int = Field(4, ge=1, description="training steps between checkpoints added to the pool")
+    every: int = Field(4, ge=1, le=10**7, description="training steps between checkpoints added to the pool")
     sampling: Literal["uniform", "latest"] = Field(
         "uniform", description="which checkpoint plays an episode: uniform over the pool (the paper's) or the latest"
     )
@@ -60,7 +66,9 @@ class PoolSettings(Settings):
 class RotationSettings(Settings):
     "RL + Ensemble (`user.mode = 'rotation'`): frozen simulators taking turns."
 
-    models: list[str] = Field(default_factory=list, description="model specs of the members (at least two)")
+    models: list[str] = Field(
+        default_factory=list, max_length=256, description="model specs of the members (at least two)"
+    )
     per: Literal["sample", "group"] = Field(
         "sample", description="a member per episode (sample) or per task group (group)"
     )
@@ -230,7 +238,8 @@ def _owned(servers: Servers | None, spec: str) -> Servers:
 
 def _api_kw(sec: SpeakerSettings) -> dict:
     a = sec.api
-    return dict(timeout=a.timeout, max_retries=a.max_retries, concurrency=a.concurrency, max_tokens=sec.max_new_tokens)
+    return dict(timeout=a.timeout, idle_timeout=a.idle_timeout or None, max_retries=a.max_retries,
+                concurrency=a.concurrency, max_tokens=sec.max_new_tokens)
 
 
 def _local_kw(sec, name, seed, trainable) -> dict:

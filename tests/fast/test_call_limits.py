@@ -91,7 +91,7 @@ def test_the_default_base_url_reaches_the_providers_url(faults, monkeypatch):
 def test_a_run_with_the_default_base_url_gets_past_step_0(faults, tmp_path):
     "The documented default in a run config: no AttributeError, the evaluation's episodes answered."
     r = subprocess.run([str(Path(sys.executable).parent / "scope"), "train", str(ROOT / "configs" / "echo_tiny.toml"),
-                        "--no-progress", "--set", f"run.out_dir='{tmp_path}'", "--set", "run.steps=1",
+                        "--no-progress", "--set", f"run.out_dir='{tmp_path}'", "--set", "run.steps=1", "--set", "grpo.batch_tasks=2", "--set", "grpo.group_size=2",
                         "--set", "user.model='api:m'", "--set", "user.api.base_url=''", "--set", "user.api.key_env=''",
                         "--set", "eval.tasks=2", "--set", "eval.samples=1", "--set", "checkpoint.every=1"],
                        capture_output=True, text=True, timeout=600, env={**os.environ, "OPENAI_BASE_URL": faults.url("ok")})
@@ -161,3 +161,15 @@ def test_the_study_agent_stream_refuses_an_oversized_reply(faults):
             return str(e)
 
     assert "too_large" in asyncio.run(asyncio.wait_for(go(), 60))
+
+
+def test_a_run_configs_call_limits_reach_the_speaker(faults):
+    "[user.api] timeout and idle_timeout of a run config are the speaker's limits: the pad endpoint fails on idle."
+    from scope_nb.train.config import Config
+    from scope_nb.train.specs import build_speaker
+
+    api = {"key_env": "", "base_url": faults.url("pad"), "timeout": 30.0, "idle_timeout": 1.0, "max_retries": 0}
+    cfg = Config.model_validate({"user": {"model": "api:m", "api": api}})
+    sp = build_speaker("api:m", cfg.user, None, "user", 0)
+    rep, _ = _ended_on_time(sp)
+    assert rep.failed and rep.info["api"]["errors"] == ["idle"], rep.info
