@@ -107,9 +107,18 @@ def load_study_config(path) -> StudyConfig:
     if not p.exists():
         raise ConfigError(f"{p}: no such study config; `scope study example-config` prints one")
     try:
-        d = tomllib.loads(p.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{p}: not valid TOML ({e})") from None
+        raw = p.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot be read ({e.strerror or e}); check the path and its permissions") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise ConfigError(f"{p}: not UTF-8 text (byte {e.start}, line {line}); save it as UTF-8") from None
+    try:
+        d = tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, ValueError, RecursionError) as e:  # ValueError: an integer past 4300 digits
+        raise ConfigError(f"{p}: not valid TOML ({str(e)[:200]})") from None
     return study_config(d)
 
 # %% ../../nbs/study/50_study.ipynb #488b6858

@@ -261,3 +261,14 @@ def test_fuzz_every_api_route_answers_below_500(study):
         r = c.post(path, content=body, headers={"Content-Type": ctype} if ctype else {})
         assert r.status_code < 500, (path, body[:80], ctype, r.status_code, r.text[:300])
     check()
+
+
+@pytest.mark.parametrize("body", [b'study_id = "x\xff"\n', b"a = " + b"9" * 5000 + b"\n", b"a = " + b"[" * 5000])
+def test_a_bad_study_config_is_one_config_error_naming_the_file(tmp_path, body):
+    "The study server's config: bytes that are not UTF-8, a 5,000-digit integer, deep nesting; each names the file."
+    from scope_nb.study.store import load_study_config
+
+    p = tmp_path / "study.toml"
+    p.write_bytes(body)
+    with pytest.raises(ConfigError, match=str(p).replace(".", r"\.")):
+        load_study_config(p)
