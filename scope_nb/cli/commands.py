@@ -231,13 +231,16 @@ def _simulate_vs_args(sub):
 def _simulate_vs(args, ctx: dict) -> int | None:
     "`scope simulate-vs`: dialogues against a Verbalized Sampling simulator, JSONL and a summary."
     from scope_nb.train.specs import UserSettings
-    from scope_nb.experiments.simulate_vs import simulate_vs
+    from scope_nb.experiments.simulate_vs import failed_line, simulate_vs
 
     vs = _settings(args, VS_ARGS, VSConfig, "user.vs")
     sec = _settings(args, SPEAKER_ARGS, UserSettings, "user", max_new_tokens=48)
     s = simulate_vs(args.out, args.env, args.agent, args.sim, args.episodes, vs, sec, args.seed)
     print(json.dumps(s, indent=1))
     print(f"wrote {args.out}/episodes.jsonl and {args.out}/summary.json")
+    if s["failed_episodes"]:  # written, but not a clean run: say so, and exit non-zero
+        print(f"scope: simulate-vs: {failed_line(s, args.out)}", file=sys.stderr)
+        return 1
 
 
 def _collapse_meter_args(sub):
@@ -253,18 +256,13 @@ def _collapse_meter_args(sub):
 def _collapse_meter(args, ctx: dict) -> int | None:
     "`scope collapse-meter`: a simulator's collapse error at histories a frozen agent visits (24_collapse)."
     from scope_nb.train.specs import UserSettings
-    from scope_nb.experiments.simulate_vs import run_collapse_meter
+    from scope_nb.experiments.simulate_vs import collapse_line, run_collapse_meter
 
     sec = _settings(args, SPEAKER_ARGS, UserSettings, "user")
     r = run_collapse_meter(
         args.out, args.env, args.agent, args.sim, args.episodes, args.M, args.labeler, sec, args.seed
     )
-    ci = r.get("eps_ci") or (float("nan"), float("nan"))
-    print(
-        f"eps_hat {r['eps_hat']:.3f} [95% CI {ci[0]:.3f}, {ci[1]:.3f}] (per history "
-        f"{[round(x, 3) for x in r['eps_per_history']]}), eps_bar_H {r['eps_bar_H']:.3f}, "
-        f"labeler {r['labeler']}, M {r['M']}; wrote {args.out}"
-    )
+    print(collapse_line(r, args.out))
 
 # %% ../../nbs/cli/90_cli.ipynb #cl000008
 def _config_args(sub):
@@ -552,22 +550,21 @@ def main(argv: list[str] | None = None) -> int:
     ctx = {"where": None}  # the run folder, once known: where a full disk or a refused write is reported
     try:
         return COMMANDS[args.cmd][1](args, ctx) or 0
-    except (
-        ModelNotFound,
-        ValueError,
-        RuntimeError,
-        TimeoutError,
-    ) as e:  # config, template, server start-up: user-fixable, one line; from inside a library: its traceback too
-        if not raised_by_scope(e):
-            import traceback
-
-            traceback.print_exception(e, file=sys.stderr)
-        print(f"scope: error: {e}", file=sys.stderr)
+    except Exception as e:
+        from scope_nb.train.crash_safety import disk_full
+        if (full := disk_full(e)) is not None:  # whichever writer met it (Python, torch.save, safetensors): one line
+            line = os_error_message(full, ctx["where"])
+        elif isinstance(e, (ModelNotFound, ValueError, RuntimeError, TimeoutError)):  # config, template, server
+            if not raised_by_scope(e):  # start-up: user-fixable, one line; from inside a library: its traceback too
+                import traceback
+                traceback.print_exception(e, file=sys.stderr)
+            line = str(e)
+        elif isinstance(e, OSError):  # a folder without write permission: say where, not a traceback
+            line = os_error_message(e, ctx["where"])
+        else:
+            raise
+        print(f"scope: error: {line}", file=sys.stderr)
         return 2
-    except OSError as e:  # a full disk, a folder without write permission: say where, not a traceback
-        print(f"scope: error: {os_error_message(e, ctx['where'])}", file=sys.stderr)
-        return 2
-    return 0
 
 # %% ../../nbs/cli/90_cli.ipynb #cl000022
 def os_error_message(e: OSError, folder=None) -> str:

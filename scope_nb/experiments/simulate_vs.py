@@ -17,18 +17,29 @@ from ..users.simulators import Verbalized
 from ..users.verbalized import VSConfig
 
 # %% auto #0
-__all__ = ['vs_summary', 'simulate_vs', 'run_collapse_meter']
+__all__ = ['failed_by', 'vs_summary', 'simulate_vs', 'failed_line', 'run_collapse_meter', 'collapse_line']
+
+# %% ../../nbs/experiments/43_simulate_vs.ipynb #43fa0001
+def failed_by(episodes) -> Counter:
+    """Failed episodes by what failed: the role whose turn ended the episode (its `error` opens with it, e.g. "user
+    (vs-api:x): ...", `31_rollout`) or the environment."""
+    return Counter((e.error or "unknown").split(" ", 1)[0] for e in episodes if e.status == "failed")
 
 # %% ../../nbs/experiments/43_simulate_vs.ipynb #20ed8f6e
 def vs_summary(episodes, vs_speaker=None) -> dict:
-    "Summary statistics of VS turns and episode outcomes."
+    """Summary statistics of VS turns and episode outcomes; failed episodes and turns counted from the episodes (a
+    failed turn leaves no record in `info['turns']`)."""
     turns = [t["vs"] for e in episodes for t in e.info.get("turns", []) if t.get("role") == "user" and "vs" in t]
-    n = max(1, len(turns))
+    fails = failed_by(episodes)
+    n = max(1, len(turns) + fails["user"])  # every simulator turn taken, the failed ones included
     ok = [t for t in turns if t.get("parse_ok")]
     agent_r = [e.rewards.get("agent") for e in episodes if e.status != "failed"]
     out = {
         "episodes": len(episodes),
-        "turns": len(turns),
+        "failed_episodes": sum(fails.values()),
+        "failed_by": dict(fails),
+        "first_error": next((e.error[:300] for e in episodes if e.status == "failed" and e.error), None),
+        "turns": len(turns) + fails["user"],
         "parse_success_rate": len(ok) / n,
         "complete_rate": sum(bool(t.get("complete")) for t in ok) / n,
         "valid_draw_rate": sum("drawn" in t for t in turns) / n,
@@ -46,10 +57,10 @@ def vs_summary(episodes, vs_speaker=None) -> dict:
     }
     if vs_speaker is not None and hasattr(vs_speaker, "stats"):  # the guard (03_verbalized.vs_leak) at work
         s = vs_speaker.stats
-        out["turn_counts"] = {
-            "drawn": s["parsed"],
-            "plain": s["fallback_plain"],
-            "failed": s["failed"],
+        out["turn_counts"] = {  # from the episodes: a reply that failed is neither drawn nor plain
+            "drawn": sum("drawn" in t for t in turns),
+            "plain": sum(t.get("fallback") == "plain" and "drawn" not in t for t in turns),
+            "failed": fails["user"],
             "retried": s["guard_retried"],
         }
         out["guard"] = {
@@ -104,6 +115,13 @@ def simulate_vs(out_dir, env: str = "ask", agent: str = "llama:smollm2", sim: st
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=1))
     return summary
 
+# %% ../../nbs/experiments/43_simulate_vs.ipynb #43fa0004
+def failed_line(summary: dict, out_dir) -> str:
+    "One line for a run whose episodes failed: how many, what failed, the first error, and where the episodes are."
+    by = ", ".join(f"{k} {v}" for k, v in sorted(summary["failed_by"].items()))
+    return (f"{summary['failed_episodes']} of {summary['episodes']} episodes failed ({by}; first: "
+            f"{summary['first_error']}); the episodes are in {Path(out_dir) / 'episodes.jsonl'}")
+
 # %% ../../nbs/experiments/43_simulate_vs.ipynb #b1b197a3
 def run_collapse_meter(
     out_path,
@@ -126,3 +144,11 @@ def run_collapse_meter(
     out = {"env": env, "agent": agent, "sim": sim, "temperature": sec.temperature, **rep.to_dict()}
     atomic_write_text(Path(out_path), json.dumps(out, indent=1))
     return out
+
+# %% ../../nbs/experiments/43_simulate_vs.ipynb #43fa0006
+def collapse_line(r: dict, out) -> str:
+    "`scope collapse-meter`'s line: ε̂_φ with its 95% CI and per history, ε̄_H, labeler and M, and the report's path."
+    ci = r.get("eps_ci") or (float("nan"), float("nan"))
+    return (f"eps_hat {r['eps_hat']:.3f} [95% CI {ci[0]:.3f}, {ci[1]:.3f}] (per history "
+            f"{[round(x, 3) for x in r['eps_per_history']]}), eps_bar_H {r['eps_bar_H']:.3f}, "
+            f"labeler {r['labeler']}, M {r['M']}; wrote {out}")

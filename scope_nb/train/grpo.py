@@ -63,7 +63,9 @@ class GRPOConfig(Settings):
     weight_decay: float = Field(0.1, ge=0, description="AdamW weight decay (paper Table 6: 0.1)")
     grad_clip: float = Field(1.0, gt=0, description="gradient-norm clip (paper Table 6: 1.0)")
     micro_batch: int = Field(8, ge=1, le=4096, description="streams per forward/backward pass (memory, not maths)")
-    updates_per_batch: int = Field(1, ge=1, le=1000, description="optimizer steps per rollout batch (1: on-policy, the paper's)")
+    updates_per_batch: int = Field(
+        1, ge=1, le=1000, description="optimizer steps per rollout batch (1: on-policy, the paper's)"
+    )
     mask_truncated: bool = Field(False, description="drop episodes cut at the token limit from the loss")
     flip_advantage: bool = Field(False,
                                  description="negative control: train against the advantage (must make learning fail)")

@@ -12,7 +12,7 @@ from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['LLAMA_CPP_PYTHON', 'LLAMA_CMAKE', 'SERVE_AS', 'llama_server_binary', 'build_llama_server', 'llama_threads',
-           'llama_server_available', 'LlamaServer', 'llama_quantize_binary', 'served_gguf']
+           'llama_server_available', 'reaped', 'stop_group', 'LlamaServer', 'llama_quantize_binary', 'served_gguf']
 
 # %% ../../nbs/users/21_llama_server.ipynb #124f3579
 LLAMA_CPP_PYTHON = "0.3.36"  # the llama-cpp-python sdist whose vendored llama.cpp sources are built
@@ -124,6 +124,74 @@ def llama_server_available() -> bool:
 _NO_SERVER = ("no llama-server executable: build it with `scope llama-server build` (several minutes; `make venv` "
               "does it), or point SCOPE_LLAMA_SERVER at one")
 
+# %% ../../nbs/users/21_llama_server.ipynb #5a1d0e02
+_REAPER = r"""
+import ctypes, os, shutil, signal, subprocess, sys
+owner, cleanup, cmd = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+me = os.getpid()
+if os.getsid(0) != me:   # lead a session and group of its own even if started without start_new_session
+    os.setsid()
+signal.signal(signal.SIGTERM, signal.SIG_IGN)   # stop_group() signals the whole group: the child gets it directly
+libc = ctypes.CDLL(None) if sys.platform == "linux" else None
+
+
+def child_setup():
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if libc is not None:   # PR_SET_PDEATHSIG: SIGTERM to the server if this watchdog dies first
+        libc.prctl(1, int(signal.SIGTERM))
+        if os.getppid() != me:   # it died before the prctl
+            os._exit(1)
+
+
+child = subprocess.Popen(cmd, preexec_fn=child_setup)
+while True:
+    try:
+        rc = child.wait(0.5)
+        break
+    except subprocess.TimeoutExpired:
+        if os.getppid() != owner:   # the owner died without stopping the server: stop the group
+            os.killpg(0, signal.SIGTERM)
+            try:
+                child.wait(20)
+            except subprocess.TimeoutExpired:
+                pass
+            if cleanup:   # the folder the owner would have removed in stop(); before SIGKILL, which ends this too
+                shutil.rmtree(cleanup, ignore_errors=True)
+            os.killpg(0, signal.SIGKILL)
+sys.exit(rc if rc >= 0 else 128 - rc)
+"""
+
+
+def reaped(cmd: list[str], cleanup=None) -> list[str]:
+    """`cmd` under a watchdog that stops its process group when this process dies, by any signal, and then removes
+    the folder `cleanup` (if given); start it with `start_new_session=True` (the watchdog leads the group) and stop
+    it with `stop_group`."""
+    return [sys.executable, "-c", _REAPER, str(os.getpid()), str(cleanup or ""), *map(str, cmd)]
+
+# %% ../../nbs/users/21_llama_server.ipynb #5a1d0e04
+def stop_group(proc: subprocess.Popen | None, grace: float = 20.0):
+    """Stop the process group `proc` leads (a `reaped` command): SIGTERM, SIGKILL after `grace` seconds, then SIGKILL
+    to whatever of the group outlived its leader (processes the server forked)."""
+    import signal
+
+    if proc is None:
+        return
+    if proc.poll() is None:
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
 # %% ../../nbs/users/21_llama_server.ipynb #9896ebc7
 class LlamaServer:
     """llama.cpp's `llama-server` for a packaged model or GGUF path on a free loopback port: `parallel` slots decoded
@@ -203,10 +271,13 @@ def start(self: LlamaServer, timeout: float = 180.0) -> "LlamaServer":
     cmd = self.command()
     self.log_path.parent.mkdir(parents=True, exist_ok=True)
     self._log = open(self.log_path, "wb")
-    self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    # under the watchdog, in a group of its own: it goes when this process dies, even without stop()
+    self.proc = subprocess.Popen(reaped(cmd), stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 start_new_session=True)
     t0 = time.time()
     while time.time() - t0 < timeout:
         if self.proc.poll() is not None:
+            self.stop()
             raise RuntimeError(f"{self.died()}:\n{self._log_tail()}")
         try:  # 503 while the model loads, 200 when it serves
             with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
@@ -228,13 +299,10 @@ def died(self: LlamaServer) -> str:
     rc = self.proc.poll() if self.proc else None
     if rc is None:
         return ""
-    why = (
-        f"signal {signal.Signals(-rc).name}"
-        if rc < 0 and -rc in signal.Signals._value2member_map_
-        else f"exit code {rc}"
-    )
+    sig = -rc if rc < 0 else rc - 128 if rc > 128 else 0  # the watchdog (`reaped`) reports signal n as 128 + n
+    why = f"signal {signal.Signals(sig).name}" if sig in signal.Signals._value2member_map_ else f"exit code {rc}"
     msg = f"llama.cpp server for {self.model} stopped ({why})"
-    if rc == -signal.SIGILL:
+    if sig == signal.SIGILL:
         msg += (
             ": llama-server was compiled for instructions this CPU does not run (a -march=native build, e.g. "
             "AMX); rebuild it portably: scope llama-server build --force (its default flags are portable)"
@@ -243,14 +311,8 @@ def died(self: LlamaServer) -> str:
 
 @patch
 def stop(self: LlamaServer):
-    "Terminate the server (kill after 10 s)."
-    if self.proc and self.proc.poll() is None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+    "Stop the server and its watchdog (`stop_group`: SIGTERM, SIGKILL after 10 s)."
+    stop_group(self.proc, 10)
     if getattr(self, "_log", None):
         self._log.close()
 

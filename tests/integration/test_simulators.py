@@ -54,8 +54,9 @@ def test_simulate_vs_writes_jsonl_and_summary(tmp_path):
     out = tmp_path / "svs"
     r = subprocess.run([SCOPE, "simulate-vs", "--episodes", "14", "--max-new-tokens", "24", "--out", str(out)],
                        capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stderr[-2000:]
     s = json.loads((out / "summary.json").read_text())
+    # exit 1 exactly when an episode failed (a simulator turn the guard gave up on; rare against a healthy server)
+    assert r.returncode == (1 if s["failed_episodes"] else 0) and s["failed_episodes"] <= 1, r.stderr[-2000:]
     print({k: s[k] for k in ("turns", "parse_success_rate", "complete_rate", "valid_draw_rate", "mean_unique_candidates")})
     assert s["turns"] >= 20                              # 14 episodes of up to 2 customer turns each
     assert s["complete_rate"] >= 0.95 and s["valid_draw_rate"] >= 0.95
@@ -112,7 +113,9 @@ def test_api_key_never_reaches_logs_or_files(server, tmp_path):
                             "--agent", f"api:{server.model_name}", "--sim", f"api:{server.model_name}", "--base-url", proxy.base_url,
                             "--api-key-env", "SCOPE_TEST_KEY", "--max-retries", "1"],
                            capture_output=True, text=True, timeout=900, env={**os.environ, "SCOPE_TEST_KEY": key})
-    assert r.returncode == 0, r.stderr[-2000:]
+    # a refused call fails its episode: exit 1, and the line naming the first error carries no key either
+    failed = json.loads((out / "summary.json").read_text())["failed_episodes"]
+    assert r.returncode == (1 if failed else 0), r.stderr[-2000:]
     assert f"Bearer {key}" in proxy.seen_auth and proxy.counts["auth_echo"] > 0   # the key was really sent, and echoed back
     blobs = [r.stdout, r.stderr] + [p.read_text(errors="replace") for p in out.rglob("*") if p.is_file()]
     assert not any(key in b or key[:12] in b for b in blobs)

@@ -91,8 +91,9 @@ def test_simulate_vs_never_enters_a_vs_answer_raw(tmp_path, endpoint):
     p = subprocess.run([str(Path(sys.executable).parent / "scope"), "simulate-vs", "--env", "ask", "--agent", "api:agent",
                         "--sim", "api:user", "--base-url", endpoint.url, "--episodes", "200", "--out", str(out),
                         "--max-new-tokens", "32", "--attempts", "2", "--api-key-env", ""], capture_output=True, text=True, timeout=1800)
-    assert p.returncode == 0, p.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
+    # turns the guard gave up on fail their episodes: both files written, then exit 1 with the count
+    assert p.returncode == 1 and f"{summary['failed_episodes']} of 200 episodes failed" in p.stderr, p.stderr[-3000:]
     print(json.dumps({k: summary[k] for k in ("turns", "turn_counts", "guard", "status")}), endpoint.counts)
     eps = [json.loads(l) for l in (out / "episodes.jsonl").read_text().splitlines()]
     user_turns = [t["message"]["content"] for e in eps for t in e["conversation"]["turns"] if t["speaker"] == "user"]
