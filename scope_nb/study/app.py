@@ -493,6 +493,15 @@ class _NoStore:
         await self.app(scope, receive, send_no_store)
 
 
+def _refused(request, e: Refused):
+    "A refused request: the JSON error to the client, one line to the log (what and why; never the body)."
+    import logging
+
+    log = logging.getLogger("scope.study")
+    log.warning("%s %s refused (%d): %s", request.method, request.url.path, e.status, e.msg)
+    return _err(e.status, e.msg)
+
+
 def create_app(cfg: StudyConfig, store: Store | None = None):
     """The FastAPI app of a study: the routes of `StudyServer`, refusals answered as JSON errors. Every configured task
     id is resolved first (`check_tasks`): a bad one stops the server before any participant is assigned to it."""
@@ -503,7 +512,7 @@ def create_app(cfg: StudyConfig, store: Store | None = None):
     check_tasks(cfg, srv.sessions)
     app = FastAPI(title=f"scope study {cfg.study_id}", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.store, app.state.sessions, app.state.server = srv.store, srv.sessions, srv
-    app.add_exception_handler(Refused, lambda request, e: _err(e.status, e.msg))
+    app.add_exception_handler(Refused, _refused)
     app.add_exception_handler(Exception, _internal_error)  # never a plain-text 500 or a traceback to a participant
     app.add_middleware(_NoStore)
     app.get("/", response_class=HTMLResponse)(srv.page)
