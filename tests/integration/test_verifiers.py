@@ -47,6 +47,9 @@ def test_a_verifiers_taskset_trains_in_scope_nb_with_a_vs_user(tmp_path):
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     sets = ["env.name='verifiers'", f"env.options.taskset='{ts}'", "env.max_turns=2", "user.model='llama:smollm2'",
             "user.mode='vs'", "user.vs.n=3", "user.max_new_tokens=160", "grpo.batch_tasks=2", "eval.tasks=2",
+            # a 616-token VS proposal among 8 parallel slots on two busy cores can take minutes: a deadline per attempt
+            # that generous keeps the check about the answers, not the machine's load (19_calls)
+            "user.api.timeout=900",
             f"run.out_dir='{tmp_path}'"]
     args = [SCOPE, "train", ROOT / "configs" / "smoke_smollm2.toml", "--no-progress"]
     r = subprocess.run(args + [x for s in sets for x in ("--set", s)], capture_output=True, text=True, env=env, timeout=2400)
